@@ -1,0 +1,84 @@
+# deltafin - plain Makefile.
+#   make          release build: $(B)/deltafin
+#   make test     sanitizer build (ASan+UBSan) and the whole test suite
+#   make bench    benchmarks
+#   make demo     the README's main job on the demo model
+#   make setup    Debian packages and test assets (scripts/setup.sh)
+
+CC      ?= gcc
+# B: build directory (parallel developers may each use their own: make B=build-x)
+B       ?= build
+PKGS    := liburing libpcre2-8 libutf8proc jansson libmicrohttpd
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+# -ffp-contract=off: the compiler must never fuse a*b+c on its own; the kernels
+# use explicit FMAs so every path reduces in the same order (see kernels.h).
+BASE_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off \
+               -fno-fast-math -Iinclude -Isrc $(PKG_CFLAGS)
+OPT     ?= -O2 -g
+LDLIBS  := $(PKG_LIBS) -lm -pthread
+
+ISA_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
+ISA_AVX2   := -mavx2 -mfma -mf16c
+
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+
+LIB_SRC  := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
+TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
+FUZZ_SRC := $(shell find tests/fuzz -name 'fuzz_*.c' 2>/dev/null | sort)
+
+REL_OBJ  := $(LIB_SRC:%.c=$(B)/rel/%.o)
+SAN_OBJ  := $(LIB_SRC:%.c=$(B)/san/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(B)/tests/%)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/%)
+
+isa_flags = $(if $(findstring _avx512,$1),$(ISA_AVX512),$(if $(findstring _avx2,$1),$(ISA_AVX2),))
+
+.PHONY: all test bench demo setup clean check-deps
+all: $(B)/deltafin
+
+$(B)/rel/%.o: %.c $(wildcard include/*.h) $(shell find src -name '*.h')
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(OPT) $(call isa_flags,$<) -c $< -o $@
+
+$(B)/san/%.o: %.c $(wildcard include/*.h) $(shell find src -name '*.h')
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $(call isa_flags,$<) -c $< -o $@
+
+$(B)/libdeltafin.a: $(REL_OBJ)
+	@rm -f $@; ar rcs $@ $^
+
+$(B)/libdeltafin-san.a: $(SAN_OBJ)
+	@rm -f $@; ar rcs $@ $^
+
+$(B)/deltafin: src/main.c $(B)/libdeltafin.a
+	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
+
+$(B)/deltafin-san: src/main.c $(B)/libdeltafin-san.a
+	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $< $(B)/libdeltafin-san.a $(LDLIBS) -o $@
+
+$(B)/tests/%: tests/%.c $(B)/libdeltafin-san.a tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -Itests -O1 -g $(SAN_FLAGS) $< $(B)/libdeltafin-san.a $(LDLIBS) -lcmocka -o $@
+
+# Fuzz targets: a libFuzzer entry point, driven by tests/fuzz/driver.c (gcc,
+# bounded random mutation under ASan) so no extra toolchain is needed.
+$(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c $(B)/libdeltafin-san.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $< tests/fuzz/driver.c $(B)/libdeltafin-san.a $(LDLIBS) -o $@
+
+test: $(B)/deltafin $(B)/deltafin-san $(TEST_BIN) $(FUZZ_BIN)
+	@B=$(B) bash tests/run_all.sh
+
+bench: $(B)/deltafin
+	@B=$(B) bash bench/run.sh
+
+demo: $(B)/deltafin
+	@B=$(B) bash scripts/demo.sh
+
+setup:
+	@bash scripts/setup.sh
+
+clean:
+	rm -rf build

@@ -1,0 +1,141 @@
+/*
+ * deltafin.h - the public API of deltafin.
+ *
+ * Two objects: an engine (a loaded model: config, tokenizer, weights and, later,
+ * its expert store) and sessions (one KV-cache timeline each, many per engine).
+ * The CLI and the server use only this header. Every function that can fail
+ * returns a df_status code and fills a df_error whose message names the file,
+ * tensor or field at fault.
+ */
+#ifndef DELTAFIN_H
+#define DELTAFIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum df_status {
+    DF_OK = 0,
+    DF_ERR_IO = 1,          /* missing, unreadable or truncated file */
+    DF_ERR_FORMAT = 2,      /* malformed or hostile content */
+    DF_ERR_UNSUPPORTED = 3, /* valid but not supported (architecture, dtype, option) */
+    DF_ERR_SHAPE = 4,       /* tensor shape disagrees with the config */
+    DF_ERR_NOMEM = 5,
+    DF_ERR_ARG = 6,         /* bad argument from the caller */
+    DF_ERR_CONTEXT = 7      /* the session's context is full */
+} df_status;
+
+typedef struct df_error {
+    int code;
+    char msg[1024];
+} df_error;
+
+typedef struct df_engine df_engine;
+typedef struct df_session df_session;
+typedef struct df_sampler df_sampler;
+
+/* ---- engine ------------------------------------------------------------ */
+
+typedef struct df_engine_opts {
+    const char *model_dir; /* Hugging Face checkpoint directory */
+    int n_threads;         /* 0 = number of online CPUs */
+    const char *isa;       /* NULL/"auto", "avx512", "avx2" or "c": kernel path */
+} df_engine_opts;
+
+typedef struct df_model_info {
+    const char *architecture; /* "qwen3" or "qwen3_moe" */
+    int vocab_size;
+    int n_layers;
+    int hidden_size;
+    int max_context;
+    int n_experts;        /* 0 for dense */
+    int n_experts_active; /* top-k */
+    uint64_t bytes_total;  /* all tensors */
+    uint64_t bytes_dense;  /* always-active weights */
+    uint64_t bytes_experts;/* routed experts */
+    const char *isa;       /* kernel path in use */
+    int n_threads;
+    /* generation_config.json sampling defaults; negative when unset */
+    float default_temperature;
+    float default_top_p;
+    int default_top_k;
+} df_model_info;
+
+int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
+void df_engine_close(df_engine *eng);
+const df_model_info *df_engine_info(const df_engine *eng);
+/* Human-readable config, tensor inventory and byte counts. */
+void df_engine_inspect(const df_engine *eng, FILE *out);
+
+/* ---- tokenizer and chat ------------------------------------------------ */
+
+/* Encode text (special tokens in the text are recognised). *ids is malloc'ed. */
+int df_tokenize(const df_engine *eng, const char *text, size_t len,
+                int32_t **ids, size_t *n_ids, df_error *err);
+/* The raw bytes a token stands for (not NUL-terminated, may be partial UTF-8). */
+int df_token_bytes(const df_engine *eng, int32_t id, const char **bytes, size_t *len);
+/* True for end-of-turn / generation_config EOS ids. */
+int df_is_stop_token(const df_engine *eng, int32_t id);
+
+/* Holds back incomplete UTF-8 so that a stream of tokens prints whole characters. */
+typedef struct df_text_stream {
+    unsigned char pending[8];
+    int n_pending;
+} df_text_stream;
+/* Appends the printable part of token `id` to out (cap bytes, >= 16 + token length);
+ * returns the number of bytes written. */
+size_t df_text_stream_push(const df_engine *eng, df_text_stream *st, int32_t id,
+                           char *out, size_t cap);
+/* Flushes what is left (invalid trailing bytes become U+FFFD). */
+size_t df_text_stream_flush(df_text_stream *st, char *out, size_t cap);
+
+typedef struct df_chat_msg {
+    const char *role; /* "system", "user", "assistant" */
+    const char *content;
+} df_chat_msg;
+
+/* Renders the model's chat template; *out is malloc'ed. */
+int df_chat_render(const df_engine *eng, const df_chat_msg *msgs, int n_msgs,
+                   int add_generation_prompt, int enable_thinking,
+                   char **out, df_error *err);
+
+/* ---- sessions ---------------------------------------------------------- */
+
+int df_session_new(df_session **out, df_engine *eng, int max_context, df_error *err);
+void df_session_free(df_session *s);
+int df_session_pos(const df_session *s);
+/* Forget everything from position `pos` on (for rejected drafts, prefix reuse). */
+int df_session_truncate(df_session *s, int pos, df_error *err);
+/* Evaluates n tokens at the session's current position.
+ * logits: NULL, or room for vocab_size floats (want_all_rows == 0: last row only)
+ * or n * vocab_size floats (want_all_rows != 0). */
+int df_session_eval(df_session *s, const int32_t *tokens, int n,
+                    float *logits, int want_all_rows, df_error *err);
+
+/* ---- sampling ---------------------------------------------------------- */
+
+typedef struct df_sampler_params {
+    float temperature;    /* 0 = greedy */
+    int top_k;            /* 0 = off */
+    float top_p;          /* 1 = off */
+    float min_p;          /* 0 = off */
+    float repeat_penalty; /* 1 = off */
+    int repeat_last_n;    /* window for the penalty, 0 = whole history */
+    uint64_t seed;
+} df_sampler_params;
+
+void df_sampler_params_default(df_sampler_params *p);
+int df_sampler_new(df_sampler **out, const df_sampler_params *p, df_error *err);
+void df_sampler_free(df_sampler *s);
+/* Picks a token from logits (modified in place). history: tokens so far. */
+int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab,
+                          const int32_t *history, int n_history);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

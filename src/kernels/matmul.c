@@ -1,0 +1,237 @@
+/*
+ * matmul.c - the products and conversions of kernels.h: dispatch to the selected
+ * instruction-set path, the threaded df_matmul, and the portable C path, which
+ * is also the reference the SIMD paths must match bit for bit.
+ *
+ * The fixed summation order (kernels.h): 16 lane accumulators, element k into
+ * lane k % 16 with a fused multiply-add, the tail padded with zeros that still
+ * go through fma(0, 0, lane), then lanes[i] += lanes[i+8], +4, +2, +1. The
+ * padding matters: a lane can hold -0 (fma(-tiny, tiny, +0) underflows to -0)
+ * and fma(0, 0, -0) is +0, so "skipping" padded elements would change signs of
+ * zero. df_axpy_f32 uses one fused multiply-add per element on every path.
+ *
+ * Files compiled without ISA flags (this one) call fmaf(), which glibc runs as
+ * a single FMA instruction where the CPU has one and emulates exactly where not.
+ */
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DF_HAVE_X86 1
+/* Defined in matmul_avx2.c / matmul_avx512.c (compiled with their ISA flags). */
+void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void *w,
+                         df_dtype wt, int T, int n0, int n1, int K);
+float df_dot_f32_avx2(const float *a, const float *b, int n);
+void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
+void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
+void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const void *w,
+                           df_dtype wt, int T, int n0, int n1, int K);
+float df_dot_f32_avx512(const float *a, const float *b, int n);
+void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
+void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
+#else
+#define DF_HAVE_X86 0
+#endif
+
+/* Portable conversions used by the C path and by every path for the dtypes
+ * that the SIMD code does not special-case. */
+void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
+
+static void bad_dtype(df_dtype wt) {
+    /* A programming error, not bad input: loaders reject non-computable dtypes
+     * (df_dtype_computable) before any tensor reaches a kernel. */
+    fprintf(stderr, "deltafin: kernel called with non-computable dtype %s\n",
+            df_dtype_name(wt));
+    abort();
+}
+
+/* ---- portable C path ----------------------------------------------------- */
+
+static inline float load_w(const void *w, df_dtype wt, size_t k) {
+    switch (wt) {
+    case DF_DT_F32: return ((const float *)w)[k];
+    case DF_DT_F16: return df_f16_to_f32(((const uint16_t *)w)[k]);
+    default: return df_bf16_to_f32(((const uint16_t *)w)[k]);
+    }
+}
+
+static inline float reduce16(float *l) {
+    for (int i = 0; i < 8; i++) l[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; i++) l[i] = l[i] + l[i + 4];
+    for (int i = 0; i < 2; i++) l[i] = l[i] + l[i + 2];
+    return l[0] + l[1];
+}
+
+static float dot_c(const void *w, df_dtype wt, const float *x, int K) {
+    float lanes[16] = {0};
+    int kp = (K + 15) & ~15;
+    for (int k = 0; k < kp; k++) {
+        float a = 0.0f, b = 0.0f;
+        if (k < K) {
+            a = load_w(w, wt, (size_t)k);
+            b = x[k];
+        }
+        lanes[k & 15] = fmaf(a, b, lanes[k & 15]);
+    }
+    return reduce16(lanes);
+}
+
+static void matmul_rows_c(float *y, int ldy, const float *x, int ldx, const void *w,
+                          df_dtype wt, int T, int n0, int n1, int K) {
+    size_t es = df_dtype_size(wt);
+    for (int n = n0; n < n1; n++) {
+        const void *row = (const char *)w + (size_t)n * (size_t)K * es;
+        for (int t = 0; t < T; t++)
+            y[(size_t)t * ldy + n] = dot_c(row, wt, x + (size_t)t * ldx, K);
+    }
+}
+
+static float dot_f32_c(const float *a, const float *b, int n) {
+    return dot_c(a, DF_DT_F32, b, n < 0 ? 0 : n);
+}
+
+static void axpy_f32_c(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+static float f8_to_f32(uint8_t v, int ebits, int mbits, int bias, int e4m3) {
+    int sign = v >> 7, e = (v >> mbits) & ((1 << ebits) - 1), m = v & ((1 << mbits) - 1);
+    float r;
+    if (e4m3 && e == 15 && m == 7) {
+        r = NAN; /* E4M3 has no infinities, only this NaN */
+    } else if (!e4m3 && e == 31) {
+        r = m ? NAN : INFINITY;
+    } else if (e == 0) {
+        r = ldexpf((float)m, 1 - bias - mbits);
+    } else {
+        r = ldexpf((float)(m | (1 << mbits)), e - bias - mbits);
+    }
+    return sign ? -r : r;
+}
+
+void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n) {
+    switch (t) {
+    case DF_DT_F32: memcpy(dst, src, n * 4); return;
+    case DF_DT_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = df_f16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    case DF_DT_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = df_bf16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    case DF_DT_F64:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i];
+        return;
+    case DF_DT_I64:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const int64_t *)src)[i];
+        return;
+    case DF_DT_I32:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const int32_t *)src)[i];
+        return;
+    case DF_DT_I16:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const int16_t *)src)[i];
+        return;
+    case DF_DT_I8:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const int8_t *)src)[i];
+        return;
+    case DF_DT_U8:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const uint8_t *)src)[i];
+        return;
+    case DF_DT_BOOL:
+        for (size_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)src)[i] ? 1.0f : 0.0f;
+        return;
+    case DF_DT_F8_E4M3:
+        for (size_t i = 0; i < n; i++) dst[i] = f8_to_f32(((const uint8_t *)src)[i], 4, 3, 7, 1);
+        return;
+    case DF_DT_F8_E5M2:
+        for (size_t i = 0; i < n; i++) dst[i] = f8_to_f32(((const uint8_t *)src)[i], 5, 2, 15, 0);
+        return;
+    default:
+        bad_dtype(t);
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+typedef void (*rows_fn)(float *, int, const float *, int, const void *, df_dtype, int, int,
+                        int, int);
+
+static rows_fn rows_for(df_isa isa) {
+#if DF_HAVE_X86
+    if (isa == DF_ISA_AVX512) return df_matmul_rows_avx512;
+    if (isa == DF_ISA_AVX2) return df_matmul_rows_avx2;
+#else
+    (void)isa;
+#endif
+    return matmul_rows_c;
+}
+
+void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const void *w, df_dtype wt,
+                    int T, int n0, int n1, int K) {
+    if (!df_dtype_computable(wt)) bad_dtype(wt);
+    if (T <= 0 || n1 <= n0 || K < 0) return;
+    rows_for(df_isa_get())(y, ldy, x, ldx, w, wt, T, n0, n1, K);
+}
+
+struct mm_ctx {
+    rows_fn rows;
+    float *y;
+    const float *x;
+    const void *w;
+    df_dtype wt;
+    int ldy, ldx, T, K;
+};
+
+static void mm_task(void *arg, int n0, int n1) {
+    const struct mm_ctx *c = arg;
+    c->rows(c->y, c->ldy, c->x, c->ldx, c->w, c->wt, c->T, n0, n1, c->K);
+}
+
+void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const void *w,
+               df_dtype wt, int T, int N, int K) {
+    if (!df_dtype_computable(wt)) bad_dtype(wt);
+    if (T <= 0 || N <= 0 || K < 0) return;
+    /* One path for the whole call, even if df_isa_set races with it. */
+    struct mm_ctx c = {rows_for(df_isa_get()), y, x, w, wt, ldy, ldx, T, K};
+    /* 16 rows: whole register tiles, and 64 bytes of each output row, so two
+     * threads never write the same cache line of y (when y is 64-aligned). */
+    df_pool_for(pool, N, 16, mm_task, &c);
+}
+
+float df_dot_f32(const float *a, const float *b, int n) {
+    if (n <= 0) return 0.0f;
+#if DF_HAVE_X86
+    switch (df_isa_get()) {
+    case DF_ISA_AVX512: return df_dot_f32_avx512(a, b, n);
+    case DF_ISA_AVX2: return df_dot_f32_avx2(a, b, n);
+    default: break;
+    }
+#endif
+    return dot_f32_c(a, b, n);
+}
+
+void df_axpy_f32(float *y, float a, const float *x, int n) {
+    if (n <= 0) return;
+#if DF_HAVE_X86
+    switch (df_isa_get()) {
+    case DF_ISA_AVX512: df_axpy_f32_avx512(y, a, x, n); return;
+    case DF_ISA_AVX2: df_axpy_f32_avx2(y, a, x, n); return;
+    default: break;
+    }
+#endif
+    axpy_f32_c(y, a, x, n);
+}
+
+void df_to_f32(float *dst, const void *src, df_dtype t, size_t n) {
+    if (!n) return;
+#if DF_HAVE_X86
+    switch (df_isa_get()) {
+    case DF_ISA_AVX512: df_to_f32_avx512(dst, src, t, n); return;
+    case DF_ISA_AVX2: df_to_f32_avx2(dst, src, t, n); return;
+    default: break;
+    }
+#endif
+    df_to_f32_c(dst, src, t, n);
+}

@@ -1,0 +1,207 @@
+/*
+ * matmul_avx512.c - the AVX-512 path of the products and conversions (compiled
+ * with the AVX-512 flags; only called when isa.c found CPU and OS support).
+ *
+ * One __m512 accumulator per output element is exactly the 16 lanes of the
+ * contract: lane j of the vector sums elements k = j (mod 16) with
+ * _mm512_fmadd_ps, the tail is loaded with zero-masking so the padded lanes
+ * still see fma(0, 0, lane), and hsum16 adds the halves in the fixed tree order.
+ * Results are therefore bit-identical to the C path.
+ *
+ * Why the avx512_bf16 dot-product instruction (VDPBF16PS) is not used: it takes
+ * BOTH operands in BF16, so the F32 activations would have to be rounded to
+ * BF16 first, and it sums pairs of products with its own intermediate rounding
+ * (and flushes denormals). That loses precision this project does not give up
+ * and breaks the bit-exact order shared with the AVX2 and C paths. BF16 weights
+ * are instead widened exactly (zero-extend, shift left 16) and multiplied in F32.
+ *
+ * Speed: decode (T = 1) is bound by streaming the weights, so 4 rows are done
+ * together to share each activation load and keep several independent FMA
+ * chains and memory streams in flight. For T > 1 a 4-row x 4-token register tile
+ * loads and widens each weight vector once for 4 tokens; tokens are processed
+ * in cache-sized blocks so the activations stay in L2 while the weights stream.
+ */
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const void *w,
+                           df_dtype wt, int T, int n0, int n1, int K);
+float df_dot_f32_avx512(const float *a, const float *b, int n);
+void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
+void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
+void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
+
+#define INL static inline __attribute__((always_inline))
+
+/* Register tile for T > 1 and the row group for T == 1. */
+#define TN 4
+#define TT 4
+#define GN 4
+
+INL __m512 ld16(const char *p, int dt) {
+    if (dt == DF_DT_F32) return _mm512_loadu_ps(p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (dt == DF_DT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INL __m512 ld16m(const char *p, int dt, __mmask16 m) {
+    if (dt == DF_DT_F32) return _mm512_maskz_loadu_ps(m, p);
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (dt == DF_DT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* lanes[i] += lanes[i+8]; +4; +2; +1 -> lane 0 */
+INL float hsum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
+/* y[t][r] for r < RN rows starting at w (row stride rs bytes), t < RT tokens. */
+INL void tile(float *y, int ldy, const float *x, int ldx, const char *w, size_t rs, int K,
+              int dt, int RN, int RT, int pf) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    __m512 acc[TN > GN ? TN : GN][TT];
+    for (int r = 0; r < RN; r++)
+        for (int t = 0; t < RT; t++) acc[r][t] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[TN > GN ? TN : GN];
+        for (int r = 0; r < RN; r++) {
+            const char *p = w + r * rs + (size_t)k * es;
+            if (pf) _mm_prefetch(p + pf, _MM_HINT_T0);
+            wv[r] = ld16(p, dt);
+        }
+        for (int t = 0; t < RT; t++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)t * ldx + k);
+            for (int r = 0; r < RN; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    if (k < K) {
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+        __m512 wv[TN > GN ? TN : GN];
+        for (int r = 0; r < RN; r++) wv[r] = ld16m(w + r * rs + (size_t)k * es, dt, m);
+        for (int t = 0; t < RT; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)t * ldx + k);
+            for (int r = 0; r < RN; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (int t = 0; t < RT; t++)
+        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum16(acc[r][t]);
+}
+
+/* Rows [n0, n1) for tokens [0, T) of one dtype; dt is a constant after inlining. */
+INL void rows(float *y, int ldy, const float *x, int ldx, const char *w, int dt, int T, int n0,
+              int n1, int K) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    const size_t rs = (size_t)K * es;
+    if (T == 1) {
+        int n = n0;
+        for (; n + GN <= n1; n += GN) tile(y + n, ldy, x, ldx, w + n * rs, rs, K, dt, GN, 1, 0);
+        for (; n < n1; n++) tile(y + n, ldy, x, ldx, w + n * rs, rs, K, dt, 1, 1, 0);
+        return;
+    }
+    /* Token block: its activations (TB x K floats) should stay in L2 while all
+     * rows of this range stream past them. */
+    int tb = (int)(((size_t)256 << 10) / ((size_t)(K ? K : 1) * 4));
+    tb = tb < TT ? TT : tb - tb % TT;
+    for (int t0 = 0; t0 < T; t0 += tb) {
+        int t1 = t0 + tb < T ? t0 + tb : T;
+        const float *xb = x + (size_t)t0 * ldx;
+        float *yb = y + (size_t)t0 * ldy;
+        int nt = t1 - t0, tf = nt - nt % TT;
+        for (int n = n0; n < n1;) {
+            const char *wn = w + n * rs;
+            float *yn = yb + n;
+            if (n + TN <= n1) {
+                int t = 0;
+                for (; t < tf; t += TT)
+                    tile(yn + (size_t)t * ldy, ldy, xb + (size_t)t * ldx, ldx, wn, rs, K, dt, TN, TT, 0);
+                switch (nt - tf) {
+                case 3: tile(yn + (size_t)t * ldy, ldy, xb + (size_t)t * ldx, ldx, wn, rs, K, dt, TN, 3, 0); break;
+                case 2: tile(yn + (size_t)t * ldy, ldy, xb + (size_t)t * ldx, ldx, wn, rs, K, dt, TN, 2, 0); break;
+                case 1: tile(yn + (size_t)t * ldy, ldy, xb + (size_t)t * ldx, ldx, wn, rs, K, dt, TN, 1, 0); break;
+                default: break;
+                }
+                n += TN;
+            } else {
+                int t = 0;
+                for (; t < tf; t += TT)
+                    tile(yn + (size_t)t * ldy, ldy, xb + (size_t)t * ldx, ldx, wn, rs, K, dt, 1, TT, 0);
+                for (; t < nt; t++)
+                    tile(yn + (size_t)t * ldy, ldy, xb + (size_t)t * ldx, ldx, wn, rs, K, dt, 1, 1, 0);
+                n += 1;
+            }
+        }
+    }
+}
+
+static void rows_f32(float *y, int ldy, const float *x, int ldx, const void *w, int T, int n0,
+                     int n1, int K) {
+    rows(y, ldy, x, ldx, w, DF_DT_F32, T, n0, n1, K);
+}
+static void rows_f16(float *y, int ldy, const float *x, int ldx, const void *w, int T, int n0,
+                     int n1, int K) {
+    rows(y, ldy, x, ldx, w, DF_DT_F16, T, n0, n1, K);
+}
+static void rows_bf16(float *y, int ldy, const float *x, int ldx, const void *w, int T, int n0,
+                      int n1, int K) {
+    rows(y, ldy, x, ldx, w, DF_DT_BF16, T, n0, n1, K);
+}
+
+void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const void *w,
+                           df_dtype wt, int T, int n0, int n1, int K) {
+    switch (wt) {
+    case DF_DT_F32: rows_f32(y, ldy, x, ldx, w, T, n0, n1, K); break;
+    case DF_DT_F16: rows_f16(y, ldy, x, ldx, w, T, n0, n1, K); break;
+    default: rows_bf16(y, ldy, x, ldx, w, T, n0, n1, K); break;
+    }
+}
+
+float df_dot_f32_avx512(const float *a, const float *b, int n) {
+    float y;
+    tile(&y, 1, b, 0, (const char *)a, 0, n, DF_DT_F32, 1, 1, 0);
+    return y;
+}
+
+void df_axpy_f32_avx512(float *y, float a, const float *x, int n) {
+    __m512 av = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n) {
+    if (t != DF_DT_F16 && t != DF_DT_BF16) {
+        df_to_f32_c(dst, src, t, n);
+        return;
+    }
+    const char *s = src;
+    size_t i = 0;
+    if (t == DF_DT_F16) {
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, ld16(s + 2 * i, DF_DT_F16));
+        if (i < n) {
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            _mm512_mask_storeu_ps(dst + i, m, ld16m(s + 2 * i, DF_DT_F16, m));
+        }
+    } else {
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, ld16(s + 2 * i, DF_DT_BF16));
+        if (i < n) {
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            _mm512_mask_storeu_ps(dst + i, m, ld16m(s + 2 * i, DF_DT_BF16, m));
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * model.h - a loaded Qwen3 / Qwen3-MoE model: the config, the mapped checkpoint,
+ * and typed views of every weight the forward pass uses, plus the forward pass
+ * itself (qwen3.c) over a batch of T consecutive positions of one sequence.
+ */
+#ifndef DF_MODEL_H
+#define DF_MODEL_H
+
+#include "kernels/kernels.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+/* A 2-D weight [rows][cols] in its stored dtype, pointing into the mapping. */
+typedef struct df_weight {
+    const void *data;
+    df_dtype dtype;
+    int rows, cols;
+    const df_tensor *t;
+} df_weight;
+
+typedef struct df_expert {
+    df_weight gate, up, down; /* [I][H], [I][H], [H][I] */
+} df_expert;
+
+typedef struct df_layer {
+    float *attn_norm, *ffn_norm; /* [H], widened from the stored dtype */
+    float *q_norm, *k_norm;      /* [head_dim] */
+    df_weight q, k, v, o;
+    float *q_bias, *k_bias, *v_bias, *o_bias; /* attention_bias only */
+    bool is_moe;
+    df_weight gate, up, down;    /* dense MLP */
+    df_weight router;            /* [E][H] */
+    df_expert *experts;          /* [E] */
+} df_layer;
+
+typedef struct df_model {
+    df_config cfg;
+    df_st *st;
+    df_weight embed;   /* [V][H] */
+    df_weight lm_head; /* [V][H], == embed when tied */
+    float *final_norm; /* [H] */
+    df_layer *layers;
+    float *inv_freq;   /* [head_dim/2] rotary inverse frequencies (HF float32 values) */
+    float rope_attn_factor;
+    uint64_t bytes_total, bytes_dense, bytes_experts;
+} df_model;
+
+int df_model_load(df_model *m, const char *dir, df_error *err);
+void df_model_free(df_model *m);
+
+/* ---- forward pass ---------------------------------------------------------- */
+
+/* One timeline's key/value cache: [layer][position][kv_heads * head_dim], F32. */
+typedef struct df_kv {
+    int max_ctx;
+    int kv_dim;
+    float *k, *v;
+} df_kv;
+
+int df_kv_init(df_kv *kv, const df_model *m, int max_ctx, df_error *err);
+void df_kv_free(df_kv *kv);
+
+/* Work buffers for up to max_rows rows at once. */
+typedef struct df_fwd_buf df_fwd_buf;
+df_fwd_buf *df_fwd_buf_new(const df_model *m, int max_rows, int max_ctx);
+void df_fwd_buf_free(df_fwd_buf *b);
+int df_fwd_buf_rows(const df_fwd_buf *b);
+
+/* Runs rows tokens[0..T) at positions pos0..pos0+T-1 (T <= max_rows), writing
+ * their K/V into kv. logits: NULL, or [T][vocab] when all_rows, else [vocab]
+ * for the last row. A row's results do not depend on T or the thread count. */
+void df_qwen3_forward(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b,
+                      const int32_t *tokens, int T, int pos0, float *logits,
+                      bool all_rows);
+
+#endif

@@ -1,0 +1,342 @@
+/*
+ * qwen3.c - the forward pass of Qwen3 (dense) and Qwen3-MoE, read top to bottom:
+ *
+ *   x = embed(tokens)
+ *   for each layer:
+ *       h = rmsnorm(x) -> q, k, v projections -> per-head q/k rmsnorm -> rotary
+ *       x += o_proj(causal grouped-query attention over the KV cache)
+ *       h = rmsnorm(x)
+ *       x += dense SiLU-gated MLP(h)        or, on MoE layers,
+ *       x += sum_k w_k * expert_k(h)        softmax router over all experts, top-k
+ *   logits = lm_head(rmsnorm(x))
+ *
+ * The pass takes T consecutive positions of one sequence at once. Exactness
+ * rules that make a row's logits independent of T and of the thread count:
+ * every reduction is either a kernel from kernels.h (fixed order per output
+ * element) or a plain sequential loop over one row; work is split over rows,
+ * heads or output features, never over a reduction; MoE outputs are combined
+ * per row in top-k slot order, not in the order experts happen to be computed.
+ */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+struct df_fwd_buf {
+    int rows, max_ctx;
+    float *x, *xb, *q, *k, *v, *att, *hg, *hu;
+    float *router;      /* [R][E] */
+    int *sel;           /* [R][topk] expert ids */
+    float *selw;        /* [R][topk] routing weights */
+    float *xg, *yg;     /* [R][H] rows gathered for one expert, its output */
+    int *grow;          /* [R] (row*topk + slot) of each gathered row */
+    float *yslot;       /* [R][topk][H] */
+};
+
+df_fwd_buf *df_fwd_buf_new(const df_model *m, int rows, int max_ctx) {
+    const df_config *c = &m->cfg;
+    size_t R = (size_t)rows, H = (size_t)c->hidden_size;
+    size_t qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
+    size_t kvd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    size_t I = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size
+                                                                        : c->moe_intermediate_size);
+    size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
+    size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    df_fwd_buf *b = df_xcalloc(1, sizeof *b);
+    b->rows = rows;
+    b->max_ctx = max_ctx;
+    b->x = df_aligned_alloc(sizeof(float) * R * H);
+    b->xb = df_aligned_alloc(sizeof(float) * R * H);
+    b->q = df_aligned_alloc(sizeof(float) * R * qd);
+    b->k = df_aligned_alloc(sizeof(float) * R * kvd);
+    b->v = df_aligned_alloc(sizeof(float) * R * kvd);
+    b->att = df_aligned_alloc(sizeof(float) * R * qd);
+    b->hg = df_aligned_alloc(sizeof(float) * R * I);
+    b->hu = df_aligned_alloc(sizeof(float) * R * I);
+    b->router = df_aligned_alloc(sizeof(float) * R * E);
+    b->sel = df_xcalloc(R * K, sizeof(int));
+    b->selw = df_aligned_alloc(sizeof(float) * R * K);
+    b->xg = df_aligned_alloc(sizeof(float) * R * H);
+    b->yg = df_aligned_alloc(sizeof(float) * R * H);
+    b->grow = df_xcalloc(R, sizeof(int));
+    b->yslot = df_aligned_alloc(sizeof(float) * R * K * H);
+    return b;
+}
+
+void df_fwd_buf_free(df_fwd_buf *b) {
+    if (!b) return;
+    free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
+    free(b->hg); free(b->hu); free(b->router); free(b->sel); free(b->selw);
+    free(b->xg); free(b->yg); free(b->grow); free(b->yslot);
+    free(b);
+}
+
+int df_fwd_buf_rows(const df_fwd_buf *b) { return b->rows; }
+
+int df_kv_init(df_kv *kv, const df_model *m, int max_ctx, df_error *err) {
+    const df_config *c = &m->cfg;
+    kv->max_ctx = max_ctx;
+    kv->kv_dim = c->num_key_value_heads * c->head_dim;
+    size_t n = (size_t)c->num_hidden_layers * (size_t)max_ctx * (size_t)kv->kv_dim;
+    kv->k = malloc(sizeof(float) * n);
+    kv->v = malloc(sizeof(float) * n);
+    if (!kv->k || !kv->v) {
+        free(kv->k);
+        free(kv->v);
+        kv->k = kv->v = NULL;
+        return df_fail(err, DF_ERR_NOMEM, "KV cache of %d positions (%.1f MiB) does not fit in memory",
+                       max_ctx, 2.0 * sizeof(float) * (double)n / 1048576.0);
+    }
+    return DF_OK;
+}
+
+void df_kv_free(df_kv *kv) {
+    free(kv->k);
+    free(kv->v);
+    kv->k = kv->v = NULL;
+}
+
+/* ---- row-local helpers ---------------------------------------------------------- */
+
+/* HF RMSNorm: x * rsqrt(mean(x^2) + eps) * w, in float. */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = df_dot_f32(x, x, n) / (float)n;
+    float s = 1.0f / sqrtf(ss + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * s) * w[i];
+}
+
+/* NeoX rotary layout: the two halves of a head rotate together. */
+static void rope(float *x, int hd, const float *cosv, const float *sinv) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cosv[i] - b * sinv[i];
+        x[i + half] = b * cosv[i] + a * sinv[i];
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static void embed_row(const df_model *m, int32_t tok, float *out) {
+    const df_weight *e = &m->embed;
+    size_t es = df_dtype_size(e->dtype);
+    df_to_f32(out, (const char *)e->data + (size_t)tok * (size_t)e->cols * es, e->dtype,
+              (size_t)e->cols);
+}
+
+static void add_bias(float *y, int ld, const float *bias, int T, int n) {
+    if (!bias) return;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) y[(size_t)t * ld + i] += bias[i];
+}
+
+static void matmul(df_pool *p, float *y, const float *x, const df_weight *w, int T) {
+    df_matmul(p, y, w->rows, x, w->cols, w->data, w->dtype, T, w->rows, w->cols);
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+typedef struct {
+    const df_model *m;
+    const df_kv *kv;
+    const df_fwd_buf *b;
+    int layer, pos0;
+} attn_ctx;
+
+/* One (row, head) item per index: scores over positions 0..pos, softmax, then the
+ * weighted sum of values in position order. */
+static void attn_items(void *vctx, int begin, int end) {
+    const attn_ctx *a = vctx;
+    const df_config *c = &a->m->cfg;
+    int nh = c->num_attention_heads, hd = c->head_dim;
+    int group = nh / c->num_key_value_heads, kvd = a->kv->kv_dim;
+    int qd = nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t lofs = (size_t)a->layer * (size_t)a->kv->max_ctx * (size_t)kvd;
+    float *sc = df_xmalloc(sizeof(float) * (size_t)a->kv->max_ctx);
+    for (int it = begin; it < end; it++) {
+        int t = it / nh, h = it % nh, g = h / group;
+        int pos = a->pos0 + t;
+        const float *q = a->b->q + (size_t)t * qd + (size_t)h * hd;
+        const float *kbase = a->kv->k + lofs + (size_t)g * hd;
+        const float *vbase = a->kv->v + lofs + (size_t)g * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            sc[j] = df_dot_f32(q, kbase + (size_t)j * kvd, hd) * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        float sum = 0.0f;
+        for (int j = 0; j <= pos; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float inv = 1.0f / sum;
+        float *out = a->b->att + (size_t)t * qd + (size_t)h * hd;
+        memset(out, 0, sizeof(float) * (size_t)hd);
+        for (int j = 0; j <= pos; j++) df_axpy_f32(out, sc[j] * inv, vbase + (size_t)j * kvd, hd);
+    }
+    free(sc);
+}
+
+static void attention(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b, int li,
+                      int T, int pos0) {
+    const df_config *c = &m->cfg;
+    const df_layer *L = &m->layers[li];
+    int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
+    int nkv = c->num_key_value_heads, qd = nh * hd, kvd = nkv * hd;
+
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xb + (size_t)t * H, b->x + (size_t)t * H, L->attn_norm, H, (float)c->rms_norm_eps);
+    matmul(pool, b->q, b->xb, &L->q, T);
+    matmul(pool, b->k, b->xb, &L->k, T);
+    matmul(pool, b->v, b->xb, &L->v, T);
+    add_bias(b->q, qd, L->q_bias, T, qd);
+    add_bias(b->k, kvd, L->k_bias, T, kvd);
+    add_bias(b->v, kvd, L->v_bias, T, kvd);
+
+    int half = hd / 2;
+    float cosv[half > 0 ? half : 1], sinv[half > 0 ? half : 1];
+    for (int t = 0; t < T; t++) {
+        /* HF: angle = float(pos) * inv_freq in float32, cos/sin scaled by the
+         * rope attention factor (YaRN). */
+        float p = (float)(pos0 + t);
+        for (int i = 0; i < half; i++) {
+            float ang = p * m->inv_freq[i];
+            cosv[i] = (float)cos((double)ang) * m->rope_attn_factor;
+            sinv[i] = (float)sin((double)ang) * m->rope_attn_factor;
+        }
+        for (int h = 0; h < nh; h++) {
+            float *q = b->q + (size_t)t * qd + (size_t)h * hd;
+            rmsnorm(q, q, L->q_norm, hd, (float)c->rms_norm_eps);
+            rope(q, hd, cosv, sinv);
+        }
+        for (int h = 0; h < nkv; h++) {
+            float *k = b->k + (size_t)t * kvd + (size_t)h * hd;
+            rmsnorm(k, k, L->k_norm, hd, (float)c->rms_norm_eps);
+            rope(k, hd, cosv, sinv);
+        }
+        size_t at = ((size_t)li * (size_t)kv->max_ctx + (size_t)(pos0 + t)) * (size_t)kvd;
+        memcpy(kv->k + at, b->k + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+        memcpy(kv->v + at, b->v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+    }
+
+    attn_ctx a = {m, kv, b, li, pos0};
+    df_pool_for(pool, T * nh, 1, attn_items, &a);
+
+    matmul(pool, b->xb, b->att, &L->o, T);
+    add_bias(b->xb, H, L->o_bias, T, H);
+    for (size_t i = 0; i < (size_t)T * H; i++) b->x[i] += b->xb[i];
+}
+
+/* ---- feed-forward ----------------------------------------------------------------- */
+
+/* SiLU-gated MLP over n rows of xin, result into yout. */
+static void mlp(df_pool *pool, df_fwd_buf *b, const df_weight *gate, const df_weight *up,
+                const df_weight *down, const float *xin, float *yout, int n) {
+    int I = gate->rows;
+    matmul(pool, b->hg, xin, gate, n);
+    matmul(pool, b->hu, xin, up, n);
+    for (size_t i = 0; i < (size_t)n * I; i++) b->hg[i] = silu(b->hg[i]) * b->hu[i];
+    matmul(pool, yout, b->hg, down, n);
+}
+
+/* Softmax over all experts (float), top-k by probability (ties: lower id),
+ * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block. */
+static void route(const df_config *c, const float *logits, int *sel, float *w) {
+    int E = c->num_experts, K = c->num_experts_per_tok;
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++)
+        if (logits[e] > mx) mx = logits[e];
+    float prob[E], sum = 0.0f;
+    for (int e = 0; e < E; e++) {
+        prob[e] = expf(logits[e] - mx);
+        sum += prob[e];
+    }
+    for (int e = 0; e < E; e++) prob[e] /= sum;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
+        }
+        sel[k] = best;
+        w[k] = prob[best];
+    }
+    if (c->norm_topk_prob) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += w[k];
+        for (int k = 0; k < K; k++) w[k] /= s;
+    }
+}
+
+static void moe(const df_model *m, df_pool *pool, df_fwd_buf *b, int li, int T) {
+    const df_config *c = &m->cfg;
+    const df_layer *L = &m->layers[li];
+    int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    matmul(pool, b->router, b->xb, &L->router, T);
+    for (int t = 0; t < T; t++)
+        route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K);
+
+    /* Each expert processes the rows routed to it, in one batch. */
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (b->sel[t * K + k] == e) {
+                    memcpy(b->xg + (size_t)n * H, b->xb + (size_t)t * H, sizeof(float) * (size_t)H);
+                    b->grow[n++] = t * K + k;
+                }
+        if (!n) continue;
+        const df_expert *x = &L->experts[e];
+        mlp(pool, b, &x->gate, &x->up, &x->down, b->xg, b->yg, n);
+        for (int r = 0; r < n; r++)
+            memcpy(b->yslot + (size_t)b->grow[r] * H, b->yg + (size_t)r * H, sizeof(float) * (size_t)H);
+    }
+    for (int t = 0; t < T; t++) {
+        float *xo = b->x + (size_t)t * H;
+        float *acc = b->xb + (size_t)t * H;
+        for (int k = 0; k < K; k++) {
+            const float *y = b->yslot + ((size_t)t * K + k) * H;
+            float w = b->selw[t * K + k];
+            if (k == 0)
+                for (int i = 0; i < H; i++) acc[i] = w * y[i];
+            else
+                for (int i = 0; i < H; i++) acc[i] += w * y[i];
+        }
+        for (int i = 0; i < H; i++) xo[i] += acc[i];
+    }
+}
+
+static void feed_forward(const df_model *m, df_pool *pool, df_fwd_buf *b, int li, int T) {
+    const df_config *c = &m->cfg;
+    const df_layer *L = &m->layers[li];
+    int H = c->hidden_size;
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xb + (size_t)t * H, b->x + (size_t)t * H, L->ffn_norm, H, (float)c->rms_norm_eps);
+    if (L->is_moe) {
+        moe(m, pool, b, li, T);
+        return;
+    }
+    mlp(pool, b, &L->gate, &L->up, &L->down, b->xb, b->yg, T);
+    for (size_t i = 0; i < (size_t)T * H; i++) b->x[i] += b->yg[i];
+}
+
+/* ---- the whole pass ------------------------------------------------------------- */
+
+void df_qwen3_forward(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b,
+                      const int32_t *tokens, int T, int pos0, float *logits, bool all_rows) {
+    const df_config *c = &m->cfg;
+    int H = c->hidden_size;
+    for (int t = 0; t < T; t++) embed_row(m, tokens[t], b->x + (size_t)t * H);
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        attention(m, pool, kv, b, li, T, pos0);
+        feed_forward(m, pool, b, li, T);
+    }
+    if (!logits) return;
+    int first = all_rows ? 0 : T - 1, n = T - first;
+    for (int t = first; t < T; t++)
+        rmsnorm(b->xb + (size_t)(t - first) * H, b->x + (size_t)t * H, m->final_norm, H,
+                (float)c->rms_norm_eps);
+    matmul(pool, logits, b->xb, &m->lm_head, n);
+}

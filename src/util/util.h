@@ -1,0 +1,69 @@
+/*
+ * util.h - small shared helpers: error reporting, whole-file reads, checked
+ * allocation, dtypes and their widening to F32. Everything here is used by more
+ * than one room of the engine.
+ */
+#ifndef DF_UTIL_H
+#define DF_UTIL_H
+
+#include "deltafin.h"
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Fills err (if non-NULL) and returns code, so callers can `return df_fail(...)`. */
+int df_fail(df_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Reads a whole file (NUL-terminated for convenience). *len excludes the NUL. */
+int df_read_file(const char *path, char **data, size_t *len, df_error *err);
+
+/* path join into a malloc'ed string */
+char *df_path_join(const char *dir, const char *name);
+
+void *df_xmalloc(size_t n);
+void *df_xcalloc(size_t n, size_t sz);
+void *df_xrealloc(void *p, size_t n);
+char *df_xstrdup(const char *s);
+/* 64-byte aligned allocation, free with free() */
+void *df_aligned_alloc(size_t n);
+
+double df_now(void); /* monotonic seconds */
+
+/* Element types of stored tensors. Only F32/F16/BF16 can be computed with. */
+typedef enum df_dtype {
+    DF_DT_F32 = 0,
+    DF_DT_F16,
+    DF_DT_BF16,
+    DF_DT_F64,
+    DF_DT_I64,
+    DF_DT_I32,
+    DF_DT_I16,
+    DF_DT_I8,
+    DF_DT_U8,
+    DF_DT_BOOL,
+    DF_DT_F8_E4M3,
+    DF_DT_F8_E5M2,
+    DF_DT_COUNT
+} df_dtype;
+
+const char *df_dtype_name(df_dtype t);   /* "BF16" etc (safetensors spelling) */
+int df_dtype_from_name(const char *s);   /* -1 if unknown */
+size_t df_dtype_size(df_dtype t);
+bool df_dtype_computable(df_dtype t);    /* F32, F16, BF16 */
+
+/* Exact widening conversions (every BF16/F16 value is exactly an F32). */
+static inline float df_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+float df_f16_to_f32(uint16_t h);
+/* Round-to-nearest-even narrowing, used only by tools and tests. */
+uint16_t df_f32_to_bf16(float f);
+uint16_t df_f32_to_f16(float f);
+
+#endif

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# run_all.sh - the whole test suite (`make test`): cmocka unit tests (ASan+UBSan),
+# the independent-reference comparison on synthetic checkpoints, command-line
+# bad-input tests and bounded fuzzing. Ends with one line "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+B=${B:-build}
+PY=/usr/bin/python3
+export DF_ROOT=$PWD DF_TEST_MODELS=$PWD/$B/test-models
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+pass=0
+fail=0
+failed_names=()
+
+note() { printf '%s\n' "$*"; }
+count() { # name passed failed
+    pass=$((pass + $2)); fail=$((fail + $3))
+    [ "$3" -eq 0 ] || failed_names+=("$1")
+}
+
+# Synthetic checkpoints used by the C tests.
+mkdir -p "$DF_TEST_MODELS"
+if ! bash tests/make_test_models.sh "$DF_TEST_MODELS" > "$B/test-models.log" 2>&1; then
+    note "FAIL: could not generate test checkpoints (see $B/test-models.log)"
+    cat "$B/test-models.log"
+    count make_test_models 0 1
+fi
+
+for t in "$B"/tests/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    note "== $name"
+    out=$("$t" 2>&1)
+    rc=$?
+    printf '%s\n' "$out" | grep -E '^\[ +(OK|FAILED|PASSED|ERROR|SKIPPED) +\]|^\[==========\]|ERROR|Sanitizer|runtime error' | head -100
+    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+    p=${p:-0}; f=${f:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        printf '%s\n' "$out" | tail -30
+        f=1
+    fi
+    count "$name" "$p" "$f"
+done
+
+run_counted() { # name command... ; the command ends with "N passed, N failed"
+    local name=$1; shift
+    note "== $name"
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | tail -40
+    local line p f
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
+    p=$(printf '%s' "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); p=${p:-0}
+    f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p'); f=${f:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    count "$name" "$p" "$f"
+}
+
+run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
+run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
+
+for fz in "$B"/fuzz/fuzz_*; do
+    [ -x "$fz" ] || continue
+    name=$(basename "$fz")
+    corpus=tests/fuzz/corpus/${name#fuzz_}
+    note "== $name"
+    if out=$("$fz" -t "${DF_FUZZ_SECONDS:-5}" "$corpus" 2>&1); then
+        printf '%s\n' "$out" | tail -2
+        count "$name" 1 0
+    else
+        printf '%s\n' "$out" | tail -40
+        count "$name" 0 1
+    fi
+done
+
+[ ${#failed_names[@]} -eq 0 ] || note "failed: ${failed_names[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
