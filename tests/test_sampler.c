@@ -374,8 +374,7 @@ static void test_distribution(void **st) {
     p.top_p = 0.8f;
     p.seed = 7;
     softmax_ref(l, 8, 1.0, e);
-    int keep[8] = {1, 1, 0, 0, 0, 1, 0, 0};
-    keep[2] = 1; /* ids by prob: 0 (2.0), 5 (1.5), 1 (1.0), 2 (0.5) */
+    const int keep[8] = {1, 1, 1, 0, 0, 1, 0, 0}; /* 0 (2.0), 5 (1.5), 1 (1.0), 2 (0.5) */
     double kept = 0;
     for (int i = 0; i < 8; i++) kept += keep[i] ? e[i] : 0;
     assert_true(kept >= 0.8 && kept - e[2] < 0.8); /* the test's own premise */
@@ -407,8 +406,8 @@ static void test_nan_inf_sampling(void **st) {
     for (int i = 0; i < 10; i++) assert_int_equal(draw(s, e, 3, NULL, 0), 1);
     df_sampler_free(s);
 
-    /* a tiny temperature overflows to +inf; still a valid, greedy-like answer */
-    p.temperature = 1e-38f;
+    /* l / T would overflow float here; the sampler must still tend to greedy */
+    p.temperature = 1e-39f;
     s = mk(p);
     float f[3] = {1.0f, 3.0f, 2.0f};
     assert_int_equal(draw(s, f, 3, NULL, 0), 1);
@@ -488,7 +487,7 @@ static int32_t ref_sample(const df_sampler_params *p, ref_rng *rng, float *l, in
     }
     float mx = -INFINITY;
     for (int i = 0; i < v; i++) {
-        float x = l[i] / p->temperature;
+        float x = l[i];
         if (isnan(x)) x = -INFINITY;
         if (x > FLT_MAX) x = FLT_MAX;
         l[i] = x;
@@ -503,12 +502,16 @@ static int32_t ref_sample(const df_sampler_params *p, ref_rng *rng, float *l, in
         qsort(it, (size_t)n, sizeof *it, ref_cmp_id);
     }
     double total = 0;
-    for (int i = 0; i < n; i++) total += it[i].w = exp((double)it[i].l - (double)mx);
+    int npos = 0;
+    for (int i = 0; i < n; i++) {
+        total += it[i].w = exp(((double)it[i].l - (double)mx) / p->temperature);
+        npos += it[i].w > 0;
+    }
     qsort(it, (size_t)n, sizeof *it, ref_cmp);
-    int m = n;
+    int m = npos; /* zero weights sort last and can never be drawn */
     if (p->top_p < 1.0f) {
         double cum = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < npos; i++)
             if ((cum += it[i].w) >= (double)p->top_p * total) {
                 m = i + 1;
                 break;
@@ -520,21 +523,19 @@ static int32_t ref_sample(const df_sampler_params *p, ref_rng *rng, float *l, in
         m = i;
     }
     double mass = total;
-    if (m < n) {
+    if (m < npos) {
         mass = 0;
         for (int i = 0; i < m; i++) mass += it[i].w;
     }
     double r = ref_u(rng) * mass, cum = 0;
     for (int i = 0; i < m; i++)
         if (r < (cum += it[i].w)) return it[i].id;
-    for (int i = m - 1; i > 0; i--)
-        if (it[i].w > 0) return it[i].id;
-    return it[0].id;
+    return it[m - 1].id;
 }
 
 static void test_fast_path_matches_full_sort(void **st) {
     (void)st;
-    enum { V = 151936, DRAWS = 12 };
+    enum { V = 151936, S = 24000, DRAWS = 6 };
     float *base = malloc(V * sizeof *base), *a = malloc(V * sizeof *a),
           *b = malloc(V * sizeof *b);
     ref_item *it = malloc(V * sizeof *it);
@@ -543,19 +544,29 @@ static void test_fast_path_matches_full_sort(void **st) {
     assert_non_null(b);
     assert_non_null(it);
     int32_t hist[100];
+    /* seeds whose first uniform is > 0.9999998 (found by brute force): that draw
+     * lands in the last ~2e-7 of the mass, deep in the lazily sorted tail */
+    enum { U_NEAR_1_A = 215760, U_NEAR_1_B = 2340784 };
     struct {
         float temp, top_p, min_p, pen;
         int top_k, last_n;
-        float spread;
+        float spread, floor;
+        uint64_t seed; /* 0: 1000 + config */
+        int v;         /* vocabulary size, Qwen3's or smaller to save time */
     } cfg[] = {
-        {1.0f, 1.0f, 0.0f, 1.0f, 0, 64, 3.0f},      /* plain temperature */
-        {0.7f, 0.9f, 0.0f, 1.0f, 0, 64, 3.0f},      /* nucleus */
-        {1.0f, 0.99999f, 0.0f, 1.0f, 0, 64, 3.0f},  /* nucleus reaching into the tail */
-        {1.0f, 1.0f, 0.05f, 1.0f, 0, 64, 3.0f},     /* min-p */
-        {0.8f, 0.95f, 0.02f, 1.1f, 40, 64, 3.0f},   /* the usual chat settings */
-        {1.2f, 1.0f, 0.0f, 1.3f, 5000, 0, 2.0f},    /* big k, whole-history penalty */
-        {2.0f, 0.5f, 0.0f, 1.0f, 0, 64, 0.2f},      /* flat: everything in the head */
-        {1.0f, 0.999f, 0.001f, 1.0f, 0, 64, 0.001f}, /* near-ties everywhere */
+        {1.0f, 1.0f, 0.0f, 1.0f, 0, 64, 3.0f, 0, 0, V},       /* plain temperature */
+        {0.7f, 0.9f, 0.0f, 1.0f, 0, 64, 3.0f, 0, 0, V},       /* nucleus */
+        {1.0f, 1.0f, 0.05f, 1.0f, 0, 64, 3.0f, 0, 0, S},      /* min-p */
+        {0.8f, 0.95f, 0.02f, 1.1f, 40, 64, 3.0f, 0, 0, V},    /* the usual chat settings */
+        {1.2f, 1.0f, 0.0f, 1.3f, 5000, 0, 2.0f, 0, 0, S},     /* big k, whole-history penalty */
+        {2.0f, 0.5f, 0.0f, 1.0f, 0, 64, 0.2f, 0, 0, S},       /* flat: everything in the head */
+        {1.0f, 0.999f, 0.001f, 1.0f, 0, 64, 0.001f, 0, 0, S}, /* near-ties everywhere */
+        /* every w rounds to 1.0: the order is decided by the logits alone */
+        {1e20f, 1.0f, 0.0f, 1.0f, 0, 64, 3.0f, 0, 0, S},
+        /* ~3e-5 of the mass in a floor of tokens below the head threshold: the
+         * nucleus scan, the min-p scan and the first draw walk into the tail */
+        {1.0f, 0.99999f, 0.0f, 1.0f, 0, 64, 0.02f, -19.0f, U_NEAR_1_A, V},
+        {1.0f, 1.0f, 1e-10f, 1.0f, 0, 64, 0.02f, -19.0f, U_NEAR_1_B, V},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         df_sampler_params p = params(cfg[c].temp);
@@ -564,28 +575,31 @@ static void test_fast_path_matches_full_sort(void **st) {
         p.repeat_penalty = cfg[c].pen;
         p.top_k = cfg[c].top_k;
         p.repeat_last_n = cfg[c].last_n;
-        p.seed = 1000 + c;
+        p.seed = cfg[c].seed ? cfg[c].seed : 1000 + c;
+        const int v = cfg[c].v;
         df_sampler *s = mk(p);
         ref_rng rng;
         ref_rng_seed(&rng, p.seed);
         lcg_seed(c + 1);
         /* an LLM-like row: a noisy floor and a handful of strong candidates */
-        for (int i = 0; i < V; i++) base[i] = cfg[c].spread * lcg_normal();
+        for (int i = 0; i < v; i++) base[i] = cfg[c].floor + cfg[c].spread * lcg_normal();
         for (int i = 0; i < 30; i++)
-            base[(int)(lcg_u() * V)] = cfg[c].spread * (4.0f + 2.0f * (float)lcg_u());
-        for (int i = 0; i < 100; i++) hist[i] = (int32_t)(lcg_u() * V);
+            base[(int)(lcg_u() * v)] = cfg[c].spread * (4.0f + 2.0f * (float)lcg_u());
+        for (int i = 0; i < 100; i++) hist[i] = (int32_t)(lcg_u() * v);
         int distinct = 0;
         int32_t prev = -1;
         for (int d = 0; d < DRAWS; d++) {
             /* nudge the row so every draw sees a different distribution */
-            for (int i = 0; i < 50; i++) base[(int)(lcg_u() * V)] += (float)lcg_u();
-            memcpy(a, base, V * sizeof *a);
-            memcpy(b, base, V * sizeof *b);
-            int32_t got = df_sampler_sample(s, a, V, hist, 100);
-            int32_t want = ref_sample(&p, &rng, b, V, hist, 100, it);
+            for (int i = 0; i < 50; i++) base[(int)(lcg_u() * v)] += (float)lcg_u();
+            memcpy(a, base, (size_t)v * sizeof *a);
+            memcpy(b, base, (size_t)v * sizeof *b);
+            int32_t got = df_sampler_sample(s, a, v, hist, 100);
+            int32_t want = ref_sample(&p, &rng, b, v, hist, 100, it);
             if (got != want)
                 fail_msg("config %zu draw %d: sampler %d, full-sort reference %d", c, d,
                          got, want);
+            if (d == 0 && cfg[c].seed && !(base[got] < cfg[c].floor + 1.5f))
+                fail_msg("config %zu: the first draw %d is not from the tail", c, got);
             distinct += got != prev;
             prev = got;
         }

@@ -11,13 +11,16 @@
  *      penalty is 1. Applied in greedy mode too.
  *   2. temperature == 0: greedy argmax, ties -> lowest id, NaN counts as -inf.
  *      Everything below is skipped and the PRNG is not advanced.
- *   3. temperature scaling logit / T (division, as HF does). NaN becomes -inf
- *      and +inf (or overflow) becomes FLT_MAX, so nothing downstream sees a NaN.
- *      If every logit is -inf the answer is id 0 (as greedy would say).
- *   4. top-k (0 = off): the k best by (scaled logit desc, id asc), found with a
- *      size-k heap in O(V log k) without sorting the vocabulary.
- *   5. softmax over the survivors: w = exp(l - max) in double, total = sum of w
- *      in id order (the max has w == 1 exactly, so p_max = 1 / total).
+ *   3. NaN becomes -inf and +inf becomes FLT_MAX (written back into logits,
+ *      which otherwise leave here only penalized). If every logit is -inf the
+ *      answer is id 0, as greedy would say.
+ *   4. top-k (0 = off): the k best by (logit desc, id asc), found with a size-k
+ *      heap in O(V log k) without sorting the vocabulary. Dividing by T > 0 does
+ *      not change that order, so this is top-k of the scaled logits.
+ *   5. temperature and softmax over the survivors: w = exp((l - max) / T) in
+ *      double, i.e. softmax(l / T) with the max subtracted before the division,
+ *      so a tiny T tends to greedy instead of overflowing. total = sum of w in
+ *      id order; the max has w == 1 exactly, so p_max = 1 / total.
  *   6. top-p: in sorted order, keep the smallest prefix whose cumulative w is
  *      >= top_p * total (at least one token). top_p == 1 is off.
  *   7. min-p: keep tokens with p >= min_p * p_max, i.e. w >= min_p.
@@ -27,17 +30,23 @@
  *      was cut, else the sorted-order prefix sum), and the answer is the first
  *      kept token, in sorted order, whose cumulative w exceeds r.
  *
- * "Sorted order" is w desc, then scaled logit desc (distinct logits whose exp
+ * "Sorted order" is w desc, then logit desc (distinct logits whose exp
  * rounds to the same double keep their order, so top_k = 1 and a tiny top_p
- * agree with greedy exactly), then id asc. It is a total order, so qsort gives
- * the same sequence everywhere and a seed reproduces on any machine with the
- * same libm exp().
+ * agree with greedy exactly), then id asc. It is a total order, so any correct
+ * sort gives the same sequence, and a seed reproduces on any machine whose libm
+ * exp() returns the same doubles. exp() is not correctly rounded, so another
+ * libm (or CPU-specific path) may differ by an ulp; that changes a draw only
+ * when r falls within an ulp of a boundary.
  *
- * Speed (vocab ~152k): only a head of the sorted order is materialized - the
+ * Speed at vocab 152k (2-core dev box, -O2): ~0.3 ms with top_k set, 1-4 ms
+ * when the whole vocabulary takes part, ~0.2 ms greedy. Only a head of the sorted order is materialized - the
  * candidates with w >= t, where t is chosen so that the nucleus / the min-p set
  * / all but ~1e-4 of the mass lies in the head. The rest (the tail) is sorted
  * only if a scan actually walks past the head, so results are identical to a
- * full sort; t only decides how much work is done.
+ * full sort; t only decides how much work is done. Tokens with w == 0 are left
+ * out altogether: they can neither be drawn nor move a cumulative sum. Sorting
+ * is a stable LSD radix sort on the bits of w, with a comparison sort only for
+ * runs of equal keys, as qsort over 150k items alone would cost tens of ms.
  *
  * If the scratch buffers cannot be allocated, df_sampler_sample falls back to
  * greedy without the penalty (it has no way to report an error). It returns -1
@@ -59,7 +68,7 @@ struct df_sampler {
     int32_t *cand;  /* top-k heap / candidate ids */
     uint32_t *seen; /* per-id stamp for the distinct-token penalty */
     uint32_t epoch;
-    struct cand_item *items; /* sorted-order stream */
+    struct cand_item *items, *items_tmp; /* sorted-order stream, radix buffer */
 };
 
 typedef struct cand_item {
@@ -158,6 +167,7 @@ void df_sampler_free(df_sampler *s) {
     free(s->cand);
     free(s->seen);
     free(s->items);
+    free(s->items_tmp);
     free(s);
 }
 
@@ -170,13 +180,15 @@ static bool reserve(df_sampler *s, int n) {
     if (c) s->cand = c;
     cand_item *it = realloc(s->items, un * sizeof *it);
     if (it) s->items = it;
+    cand_item *it2 = realloc(s->items_tmp, un * sizeof *it2);
+    if (it2) s->items_tmp = it2;
     /* the stamps must start clear; old ones stay valid under the current epoch */
     uint32_t *seen = realloc(s->seen, un * sizeof *seen);
     if (seen) {
         memset(seen + s->cap, 0, (un - (size_t)s->cap) * sizeof *seen);
         s->seen = seen;
     }
-    if (!w || !c || !it || !seen) return false;
+    if (!w || !c || !it || !it2 || !seen) return false;
     s->cap = n;
     return true;
 }
@@ -256,47 +268,97 @@ static int cmp_item(const void *pa, const void *pb) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
-/* The sorted-order stream: items[0..n_head) is the sorted head (w >= t); the
- * tail (w < t) is gathered and sorted behind it the first time it is needed. */
+/* A radix key that orders like w descending: the top 32 bits below the sign of
+ * the double (w >= 0, so its bits order like it), complemented. Items whose w
+ * share these bits are put in order afterwards. */
+static inline uint32_t item_key(const cand_item *it) {
+    uint64_t u;
+    memcpy(&u, &it->w, sizeof u);
+    return ~(uint32_t)(u >> 31);
+}
+
+/* Sorts a[0..n) into sorted order. a must arrive in id order: the LSD radix sort
+ * is stable, which leaves equal keys in id order, so only runs of equal keys
+ * whose w or logits differ need the full comparison. qsort on 150k 16-byte items
+ * costs tens of ms; this costs about one. */
+static void sort_items(cand_item *a, cand_item *tmp, int n) {
+    if (n < 256) {
+        qsort(a, (size_t)n, sizeof *a, cmp_item);
+        return;
+    }
+    enum { BITS = 11, NDIG = 3, RADIX = 1 << BITS };
+    uint32_t hist[NDIG][RADIX];
+    memset(hist, 0, sizeof hist);
+    for (int i = 0; i < n; i++) {
+        uint32_t k = item_key(&a[i]);
+        for (int d = 0; d < NDIG; d++) hist[d][(k >> (d * BITS)) & (RADIX - 1)]++;
+    }
+    cand_item *src = a, *dst = tmp;
+    for (int d = 0; d < NDIG; d++) {
+        uint32_t *h = hist[d];
+        int sh = d * BITS;
+        if (h[(item_key(&src[0]) >> sh) & (RADIX - 1)] == (uint32_t)n)
+            continue; /* every key has this digit */
+        uint32_t sum = 0;
+        for (int r = 0; r < RADIX; r++) {
+            uint32_t c = h[r];
+            h[r] = sum;
+            sum += c;
+        }
+        for (int i = 0; i < n; i++) dst[h[(item_key(&src[i]) >> sh) & (RADIX - 1)]++] = src[i];
+        cand_item *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
+    for (int i = 0; i < n;) {
+        uint32_t k = item_key(&a[i]);
+        int j = i + 1;
+        bool ordered = true;
+        for (; j < n && item_key(&a[j]) == k; j++)
+            if (cmp_item(&a[j - 1], &a[j]) > 0) ordered = false;
+        if (!ordered) qsort(a + i, (size_t)(j - i), sizeof *a, cmp_item);
+        i = j;
+    }
+}
+
+/* The sorted-order stream over the candidates with w > 0 (zero weights can be
+ * neither drawn nor move a cumulative sum, so their order never matters):
+ * items[0..n_ready) starts as the sorted head (w >= t); the tail (0 < w < t) is
+ * gathered and sorted behind it the first time a scan walks past the head. */
 typedef struct stream {
-    cand_item *items;
+    cand_item *items, *tmp;
     const double *w;
     const float *logits;
     const int32_t *cand; /* NULL: candidate j is id j */
     int n, n_ready;
     double t;
+    bool has_tail;
 } stream;
 
-static void stream_init(stream *st) {
-    int nh = 0;
+static void stream_gather(stream *st, bool head) {
+    int k = st->n_ready;
     for (int j = 0; j < st->n; j++) {
-        if (st->w[j] >= st->t) {
+        double w = st->w[j];
+        if (w > 0.0 && (w >= st->t) == head) {
             int32_t id = st->cand ? st->cand[j] : j;
-            st->items[nh++] = (cand_item){st->w[j], st->logits[id], id};
+            st->items[k++] = (cand_item){w, st->logits[id], id};
         }
     }
-    qsort(st->items, (size_t)nh, sizeof *st->items, cmp_item);
-    st->n_ready = nh;
+    sort_items(st->items + st->n_ready, st->tmp, k - st->n_ready);
+    st->n_ready = k;
 }
 
 static inline const cand_item *stream_at(stream *st, int i) {
-    if (i >= st->n_ready) {
-        int nt = st->n_ready;
-        for (int j = 0; j < st->n; j++) {
-            if (!(st->w[j] >= st->t)) {
-                int32_t id = st->cand ? st->cand[j] : j;
-                st->items[nt++] = (cand_item){st->w[j], st->logits[id], id};
-            }
-        }
-        qsort(st->items + st->n_ready, (size_t)(nt - st->n_ready), sizeof *st->items,
-              cmp_item);
-        st->n_ready = nt;
+    if (i >= st->n_ready && st->has_tail) {
+        stream_gather(st, false);
+        st->has_tail = false;
     }
     return &st->items[i];
 }
 
 /* Steps 5-8 over n candidates in id order (cand == NULL: ids 0..n-1) of sanitized
- * logits. */
+ * logits, at least one of them finite. */
 static int32_t sample_candidates(df_sampler *s, const float *logits, const int32_t *cand,
                                  int n) {
     float mx = -INFINITY;
@@ -304,15 +366,17 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
         float l = logits[cand ? cand[j] : j];
         if (l > mx) mx = l;
     }
-    double total = 0.0;
+    double total = 0.0, temp = s->p.temperature;
+    int n_pos = 0;
     for (int j = 0; j < n; j++) {
-        double w = exp((double)logits[cand ? cand[j] : j] - (double)mx);
+        double w = exp(((double)logits[cand ? cand[j] : j] - (double)mx) / temp);
         s->w[j] = w;
         total += w;
+        n_pos += w > 0.0;
     }
 
     double top_p = s->p.top_p, min_p = s->p.min_p;
-    stream st = {s->items, s->w, logits, cand, n, 0, 0.0};
+    stream st = {s->items, s->items_tmp, s->w, logits, cand, n, 0, 0.0, false};
     if (n > 1024) {
         /* Everything below t together weighs < n * t. Keep that under half of what
          * top-p cuts (so the nucleus lies in the head) and under 1e-4 of the mass
@@ -322,12 +386,14 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
         st.t = frac * total / n;
         if (min_p > st.t) st.t = min_p;
     }
-    stream_init(&st);
+    stream_gather(&st, true);
+    st.has_tail = st.n_ready < n_pos;
 
-    int m = n;
+    /* keep items[0..m) of the sorted order; items[0] is the max, w == 1 */
+    int m = n_pos;
     if (top_p < 1.0) {
         double target = top_p * total, cum = 0.0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n_pos; i++) {
             cum += stream_at(&st, i)->w;
             if (cum >= target) {
                 m = i + 1;
@@ -336,13 +402,17 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
         }
     }
     if (min_p > 0.0) {
-        int i = 1; /* the first item has w == 1 > min_p */
-        while (i < m && stream_at(&st, i)->w >= min_p) i++;
+        int i = 1;
+        while (i < m) {
+            if (i >= st.n_ready && st.t <= min_p) break; /* the tail is all below t */
+            if (stream_at(&st, i)->w < min_p) break;
+            i++;
+        }
         m = i;
     }
 
     double mass = total;
-    if (m < n) {
+    if (m < n_pos) {
         mass = 0.0;
         for (int i = 0; i < m; i++) mass += st.items[i].w;
     }
@@ -352,26 +422,24 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
         cum += it->w;
         if (r < cum) return it->id;
     }
-    /* r rounded onto the very end of the mass: take the last token that can be drawn */
-    for (int i = m - 1; i > 0; i--)
-        if (st.items[i].w > 0.0) return st.items[i].id;
-    return st.items[0].id;
+    /* r rounded onto the very end of the mass: the last kept token */
+    return st.items[m - 1].id;
 }
 
 int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab, const int32_t *history,
                           int n_history) {
     if (!s || !logits || vocab <= 0) return -1;
+    bool penalize = s->p.repeat_penalty != 1.0f && history && n_history > 0;
+    if (s->p.temperature == 0.0f && !penalize) return argmax(logits, vocab);
     if (!reserve(s, vocab)) return argmax(logits, vocab);
     apply_penalty(s, logits, vocab, history, n_history);
     if (s->p.temperature == 0.0f) return argmax(logits, vocab);
 
-    float temp = s->p.temperature;
     float mx = -INFINITY;
     for (int i = 0; i < vocab; i++) {
-        float l = logits[i] / temp;
-        if (isnan(l)) l = -INFINITY;
-        else if (l > FLT_MAX) l = FLT_MAX;
-        logits[i] = l;
+        float l = logits[i];
+        if (isnan(l)) logits[i] = l = -INFINITY;
+        else if (l > FLT_MAX) logits[i] = l = FLT_MAX;
         if (l > mx) mx = l;
     }
     if (mx == -INFINITY) return 0;
