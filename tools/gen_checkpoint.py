@@ -38,6 +38,7 @@ QWEN3_BOS = 151643
 QWEN3_EOS = [151645, 151643]   # <|im_end|>, <|endoftext|>
 CHUNK_ELEMS = 1 << 22          # generation chunk (elements); bounds memory per tensor
 POOL_ELEMS = 1 << 22           # --fast-init pool size
+POOL_MIN = 1 << 16             # --fast-init: smaller tensors are drawn normally
 
 
 def parse_kv_spec(spec):
@@ -85,11 +86,15 @@ def parse_args(argv):
                    help="none | linear:factor=2 | dynamic:factor=2 | "
                         "yarn:factor=4,original_max_position_embeddings=32[,beta_fast=..,"
                         "beta_slow=..,attention_factor=..,mscale=..,mscale_all_dim=..,truncate=false]")
+    p.add_argument("--rope-legacy-key", action="store_true",
+                   help='write rope_scaling {"type": ...} (older configs) instead of "rope_type"')
     p.add_argument("--max-pos", type=int, default=4096)
     p.add_argument("--rms-eps", type=float, default=1e-6)
     p.add_argument("--max-shard-size", type=int, default=0, help="bytes; 0 = one file")
-    p.add_argument("--bos-id", type=int, default=QWEN3_BOS)
-    p.add_argument("--eos-ids", default=",".join(map(str, QWEN3_EOS)))
+    p.add_argument("--bos-id", default="auto",
+                   help="auto: Qwen3's 151643 if inside the vocab, else none; 'none'; or an id")
+    p.add_argument("--eos-ids", default="auto",
+                   help="auto: Qwen3's 151645,151643 if inside the vocab, else none; 'none'; or ids")
     p.add_argument("--tokenizer-dir", default=os.path.join(REPO, "assets", "tokenizers", "qwen3"))
     p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     p.add_argument("--fast-init", action="store_true",
@@ -107,7 +112,18 @@ def parse_args(argv):
         p.error("--head-dim must be even (rotary halves)")
     a.mlp_only = [int(x) for x in a.mlp_only_layers.split(",") if x.strip()]
     a.rope = parse_kv_spec(a.rope_scaling)
-    a.eos = [int(x) for x in a.eos_ids.split(",") if x.strip()]
+    if a.rope and a.rope_legacy_key:
+        a.rope = {"type" if k == "rope_type" else k: v for k, v in a.rope.items()}
+    # Tiny test models have a vocab far below Qwen3's special ids; a config whose
+    # bos/eos point past the vocab is invalid, so "auto" leaves them out there.
+    if a.bos_id == "auto":
+        a.bos = QWEN3_BOS if QWEN3_BOS < a.vocab else None
+    else:
+        a.bos = None if a.bos_id == "none" else int(a.bos_id)
+    if a.eos_ids == "auto":
+        a.eos = [e for e in QWEN3_EOS if e < a.vocab]
+    else:
+        a.eos = [] if a.eos_ids == "none" else [int(x) for x in a.eos_ids.split(",") if x.strip()]
     if a.arch == "qwen3_moe" and a.experts > 0 and not (1 <= a.top_k <= a.experts):
         p.error("--top-k must be in [1, experts]")
     return a
@@ -129,8 +145,6 @@ def build_config(a):
         "architectures": ["Qwen3ForCausalLM" if a.arch == "qwen3" else "Qwen3MoeForCausalLM"],
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "bos_token_id": a.bos_id,
-        "eos_token_id": a.eos[0] if a.eos else None,
         "head_dim": a.head_dim,
         "hidden_act": "silu",
         "hidden_size": a.hidden,
@@ -153,6 +167,10 @@ def build_config(a):
         "use_sliding_window": False,
         "vocab_size": a.vocab,
     }
+    if a.bos is not None:
+        cfg["bos_token_id"] = a.bos
+    if a.eos:
+        cfg["eos_token_id"] = a.eos[0]
     if a.arch == "qwen3_moe":
         cfg.update({
             "decoder_sparse_step": a.decoder_sparse_step,
@@ -168,10 +186,14 @@ def build_config(a):
 
 
 def generation_config(a):
-    g = {"bos_token_id": a.bos_id, "do_sample": True, "pad_token_id": a.bos_id,
-         "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"}
-    g["eos_token_id"] = a.eos if len(a.eos) != 1 else a.eos[0]
-    return g
+    g = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+         "transformers_version": "4.51.0"}
+    if a.bos is not None:
+        g["bos_token_id"] = a.bos
+        g["pad_token_id"] = a.bos
+    if a.eos:
+        g["eos_token_id"] = a.eos if len(a.eos) != 1 else a.eos[0]
+    return dict(sorted(g.items()))
 
 
 def tensor_plan(cfg):
@@ -264,7 +286,7 @@ def write_tensor(w, name, shape, mean, std, seed, dtype, pool):
     done = 0
     while done < total:
         n = min(chunk, total - done)
-        if pool is not None and total > POOL_ELEMS:
+        if pool is not None and total >= POOL_MIN:
             block = pool.get(mean, std)
             left = n
             while left:

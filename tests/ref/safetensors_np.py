@@ -55,12 +55,20 @@ def f32_to_bf16(x):
     x = np.ascontiguousarray(x, dtype=np.float32)
     u = x.view(np.uint32)
     nan = np.isnan(x)
+    has_nan = bool(nan.any())
+    if has_nan:
+        u = np.where(nan, np.uint32(0), u)
     # u + 0x7FFF + lsb cannot wrap for non-NaN values (max 0xFF800000 + 0x8000).
-    safe = np.where(nan, np.uint32(0), u)
-    lsb = (safe >> np.uint32(16)) & np.uint32(1)
-    r = ((safe + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
-    if nan.any():
-        r = np.where(nan, ((u >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16), r)
+    # In-place steps: this runs over every weight of multi-GB checkpoints.
+    t = u >> np.uint32(16)
+    t &= np.uint32(1)
+    t += np.uint32(0x7FFF)
+    t += u
+    t >>= np.uint32(16)
+    r = t.astype(np.uint16)
+    if has_nan:
+        q = ((x.view(np.uint32) >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+        r = np.where(nan, q, r)
     return r
 
 
@@ -272,11 +280,11 @@ class SafeTensorsWriter:
         if name != want:
             raise ValueError(f"{self.path}: expected tensor {want}, got {name}")
         data = np.ascontiguousarray(array, dtype=_STORAGE[dtype]) if raw else to_storage(array, dtype)
-        b = data.tobytes()
-        if self._done + len(b) > n:
+        nb = data.nbytes
+        if self._done + nb > n:
             raise ValueError(f"{self.path}: tensor {name}: too many bytes")
-        self._f.write(b)
-        self._done += len(b)
+        self._f.write(data.reshape(-1).view(np.uint8))
+        self._done += nb
         if self._done == n:
             self._i += 1
             self._done = 0
