@@ -254,6 +254,14 @@ static int parse_config(df_config *c, json_t *root, const pctx *p) {
     if (s && strcmp(s, "silu") != 0)
         return df_fail(p->err, DF_ERR_UNSUPPORTED,
                        "%s: hidden_act '%.64s' is not supported (supported: silu)", p->path, s);
+    json_t *q = field(root, "quantization_config");
+    if (q) {
+        json_t *m = json_is_object(q) ? json_object_get(q, "quant_method") : NULL;
+        return df_fail(p->err, DF_ERR_UNSUPPORTED,
+                       "%s: quantization_config (quant_method '%.32s') is not supported "
+                       "(deltafin runs BF16/F16/F32 checkpoints)",
+                       p->path, json_is_string(m) ? json_string_value(m) : "?");
+    }
     if ((rc = get_str(p, root, "torch_dtype", false, &s))) return rc;
     if (!s && (rc = get_str(p, root, "dtype", false, &s))) return rc; /* transformers v5 */
     if (s) snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", s);
@@ -283,7 +291,10 @@ static int parse_config(df_config *c, json_t *root, const pctx *p) {
                        "num_key_value_heads (%d)",
                        p->path, c->num_attention_heads, c->num_key_value_heads);
     if ((rc = get_int(p, root, "head_dim", false, 1, MAX_HEAD_DIM, &c->head_dim, &have))) return rc;
-    if (!have) {
+    if (!have && c->arch == DF_ARCH_QWEN3) {
+        /* transformers' Qwen3Config defaults head_dim to 128, not hidden/heads */
+        c->head_dim = 128;
+    } else if (!have) {
         if (c->hidden_size % c->num_attention_heads != 0)
             return df_fail(p->err, DF_ERR_FORMAT,
                            "%s: field 'head_dim' is absent and hidden_size (%d) is not a multiple "

@@ -50,7 +50,7 @@ static int span_cmp(const void *a, const void *b) {
     const st_span *x = a, *y = b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
     if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return 0;
+    return x->idx < y->idx ? -1 : x->idx > y->idx; /* header order: deterministic */
 }
 
 static int parse_entry(const char *what, const char *name, json_t *v, uint64_t data_len,
@@ -423,6 +423,8 @@ static int open_sharded(df_st *st, const char *dir, const char *index_path, df_e
                          "checkpoint directory", index_path, name, s);
             goto out;
         }
+        /* Neighbouring entries often share a shard: try the latest first. */
+        if (n_shard && strcmp(shard[n_shard - 1], s) == 0) continue;
         size_t j = 0;
         while (j < n_shard && strcmp(shard[j], s) != 0) j++;
         if (j == n_shard) shard[n_shard++] = s;
