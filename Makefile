@@ -8,7 +8,7 @@
 CC      ?= gcc
 # B: build directory (parallel developers may each use their own: make B=build-x)
 B       ?= build
-PKGS    := liburing libpcre2-8 libutf8proc jansson libmicrohttpd
+PKGS    := liburing libpcre2-8 libutf8proc jansson libmicrohttpd libxxhash
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -71,7 +71,10 @@ $(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c $(B)/libdeltafin-san.a
 test: $(B)/deltafin $(B)/deltafin-san $(TEST_BIN) $(FUZZ_BIN)
 	@B=$(B) bash tests/run_all.sh
 
-bench: $(B)/deltafin
+$(B)/bench_kernels: bench/bench_kernels.c $(B)/libdeltafin.a
+	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
+
+bench: $(B)/deltafin $(B)/bench_kernels
 	@B=$(B) bash bench/run.sh
 
 demo: $(B)/deltafin

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential pkg-config liburing-dev libpcre2-dev libutf8proc-dev
-      libjansson-dev libmicrohttpd-dev libcmocka-dev python3 python3-numpy
+      libjansson-dev libmicrohttpd-dev libxxhash-dev libcmocka-dev python3 python3-numpy
       libopenblas0-pthread nodejs npm curl ca-certificates)
 
 missing=()
