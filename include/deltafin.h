@@ -44,6 +44,17 @@ typedef struct df_engine_opts {
     const char *model_dir; /* Hugging Face checkpoint directory */
     int n_threads;         /* 0 = number of online CPUs */
     const char *isa;       /* NULL/"auto", "avx512", "avx2" or "c": kernel path */
+    /* Expert streaming. experts: comma-separated pack directories (one per
+     * drive), or NULL. ram_budget: bytes the whole process may keep resident,
+     * 0 = unlimited. With a budget and no pack, experts stream from the
+     * safetensors files (buffered reads through the page cache). Without
+     * either, the whole checkpoint is used in place (memory-mapped). */
+    const char *experts;
+    uint64_t ram_budget;
+    int context;           /* context length sessions will use (for the budget);
+                              0 = min(model maximum, 4096) */
+    uint64_t expert_cache; /* bytes of expert cache slots, overriding what the
+                              budget leaves (0 = derive from ram_budget) */
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -57,6 +68,8 @@ typedef struct df_model_info {
     uint64_t bytes_total;  /* all tensors */
     uint64_t bytes_dense;  /* always-active weights */
     uint64_t bytes_experts;/* routed experts */
+    uint64_t bytes_active_per_token; /* weight bytes one decode step reads: dense
+                                        (less the embedding table), LM head, top-k experts */
     const char *isa;       /* kernel path in use */
     int n_threads;
     /* generation_config.json sampling defaults; negative when unset */
@@ -68,6 +81,24 @@ typedef struct df_model_info {
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
 void df_engine_close(df_engine *eng);
 const df_model_info *df_engine_info(const df_engine *eng);
+/* Counters since the engine was opened (expert streaming fields are zero when
+ * the experts are resident). */
+typedef struct df_stats {
+    uint64_t tokens;            /* rows evaluated */
+    double eval_s;              /* wall time inside df_session_eval */
+    double read_wait_s;         /* of which blocked waiting for expert reads */
+    uint64_t expert_requests;   /* (layer, expert) uses */
+    uint64_t expert_hits;
+    uint64_t expert_misses;
+    uint64_t expert_bytes_read;
+    uint64_t expert_rereads;    /* checksum mismatches read again */
+    int cache_slots;            /* expert slots in RAM */
+    uint64_t cache_bytes;
+    const char *expert_source;  /* "resident", "pack" or "safetensors" */
+    int direct_io;              /* pack read with O_DIRECT */
+} df_stats;
+void df_engine_stats(const df_engine *eng, df_stats *out);
+
 /* Human-readable config, tensor inventory and byte counts. */
 void df_engine_inspect(const df_engine *eng, FILE *out);
 

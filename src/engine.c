@@ -6,6 +6,8 @@
  */
 #include "deltafin.h"
 
+#include "experts/pack.h"
+#include "experts/store.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokenizer/chat.h"
@@ -20,9 +22,14 @@ struct df_engine {
     df_model model;
     df_tokenizer *tok;
     df_pool *pool;
+    df_store *store;      /* NULL: experts used in place from the mapping */
+    uint64_t ram_budget;
+    int budget_ctx;       /* context the budget reserved room for */
     df_model_info info;
     int32_t stop_ids[16];
     int n_stop;
+    uint64_t tokens;
+    double eval_s;
 };
 
 struct df_session {
@@ -38,6 +45,88 @@ static void add_stop(df_engine *e, int32_t id) {
     for (int i = 0; i < e->n_stop; i++)
         if (e->stop_ids[i] == id) return;
     if (e->n_stop < (int)(sizeof e->stop_ids / sizeof e->stop_ids[0])) e->stop_ids[e->n_stop++] = id;
+}
+
+/* ---- expert streaming set-up ---------------------------------------------------- */
+
+static bool is_expert_tensor(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
+
+/* Resident set size of this process, from /proc/self/statm. */
+static uint64_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%llu %llu", &size, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Always-active weights are made resident up front, so that the RSS measured
+ * next includes them and the expert cache gets only what is really left. */
+static void prefault_dense(const df_model *m) {
+    volatile const char *p;
+    char sink = 0;
+    for (size_t i = 0; i < df_st_count(m->st); i++) {
+        const df_tensor *t = df_st_at(m->st, i);
+        if (is_expert_tensor(t->name)) continue;
+        p = t->data;
+        for (uint64_t o = 0; o < t->nbytes; o += 4096) sink ^= p[o];
+        if (t->nbytes) sink ^= p[t->nbytes - 1];
+    }
+    (void)sink;
+}
+
+static size_t session_bytes(const df_model *m, int ctx) {
+    const df_config *c = &m->cfg;
+    size_t kv = 2 * sizeof(float) * (size_t)c->num_hidden_layers * (size_t)ctx *
+                (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    return kv + df_fwd_buf_bytes(m, DF_CHUNK_ROWS, ctx);
+}
+
+#define BUDGET_MARGIN ((uint64_t)64 << 20) /* allocator slack, stacks, sampler */
+
+static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err) {
+    const df_model *m = &e->model;
+    const df_config *c = &m->cfg;
+    char *dirs_buf = NULL;
+    const char *dirs[DF_PACK_MAX_STRIPES];
+    int n_dirs = 0;
+    if (o->experts && *o->experts) {
+        dirs_buf = df_xstrdup(o->experts);
+        for (char *tok = strtok(dirs_buf, ","); tok; tok = strtok(NULL, ",")) {
+            if (n_dirs == DF_PACK_MAX_STRIPES) {
+                free(dirs_buf);
+                return df_fail(err, DF_ERR_ARG, "--experts: at most %d directories", DF_PACK_MAX_STRIPES);
+            }
+            dirs[n_dirs++] = tok;
+        }
+    }
+    e->ram_budget = o->ram_budget;
+    int ctx = o->context > 0 ? o->context : (c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096);
+    if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+    e->budget_ctx = ctx;
+    uint64_t cache;
+    if (o->expert_cache) {
+        cache = o->expert_cache;
+    } else if (o->ram_budget) {
+        prefault_dense(m);
+        uint64_t base = rss_bytes(), need = base + session_bytes(m, ctx) + BUDGET_MARGIN;
+        if (need >= o->ram_budget) {
+            free(dirs_buf);
+            return df_fail(err, DF_ERR_ARG,
+                           "--ram-budget %.1f MiB is too small: always-active weights, tokenizer and a "
+                           "%d-token context already need %.1f MiB",
+                           (double)o->ram_budget / 1048576.0, ctx, (double)need / 1048576.0);
+        }
+        cache = o->ram_budget - need;
+    } else {
+        cache = UINT64_MAX / 2; /* every expert */
+    }
+    df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache};
+    int rc = df_store_open(&e->store, m, &so, err);
+    free(dirs_buf);
+    return rc;
 }
 
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
@@ -76,6 +165,17 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         return rc;
     }
     const df_config *c = &e->model.cfg;
+    if ((opts->experts && *opts->experts) || opts->ram_budget || opts->expert_cache) {
+        if (c->num_experts <= 0 && !opts->experts) {
+            /* a dense model under a budget: nothing to stream, but the budget
+             * still has to hold the whole model */
+        } else if ((rc = setup_streaming(e, opts, err))) {
+            df_tokenizer_free(e->tok);
+            df_model_free(&e->model);
+            free(e);
+            return rc;
+        }
+    }
     for (int i = 0; i < c->n_eos_token_ids; i++) add_stop(e, c->eos_token_ids[i]);
     add_stop(e, df_tokenizer_find(e->tok, "<|im_end|>"));
 
@@ -91,6 +191,19 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     in->bytes_total = e->model.bytes_total;
     in->bytes_dense = e->model.bytes_dense;
     in->bytes_experts = e->model.bytes_experts;
+    {
+        const df_model *m = &e->model;
+        uint64_t emb = m->embed.t->nbytes, act = m->bytes_dense - emb;
+        if (m->lm_head.t == m->embed.t) act += emb; /* tied: the LM head reads it all */
+        for (int li = 0; li < c->num_hidden_layers; li++) {
+            const df_layer *L = &m->layers[li];
+            if (!L->is_moe) continue;
+            const df_expert *x = &L->experts[0];
+            act += (uint64_t)c->num_experts_per_tok *
+                   (x->gate.t->nbytes + x->up.t->nbytes + x->down.t->nbytes);
+        }
+        in->bytes_active_per_token = act;
+    }
     in->isa = df_isa_name(isa);
     in->n_threads = nt;
     in->default_temperature = (float)c->gen_temperature;
@@ -102,6 +215,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
 
 void df_engine_close(df_engine *e) {
     if (!e) return;
+    df_store_close(e->store);
     df_pool_free(e->pool);
     df_tokenizer_free(e->tok);
     df_model_free(&e->model);
@@ -109,6 +223,25 @@ void df_engine_close(df_engine *e) {
 }
 
 const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
+
+void df_engine_stats(const df_engine *e, df_stats *o) {
+    memset(o, 0, sizeof *o);
+    o->tokens = e->tokens;
+    o->eval_s = e->eval_s;
+    o->expert_source = "resident";
+    if (!e->store) return;
+    df_store_stats s = df_store_get_stats(e->store);
+    o->read_wait_s = s.wait_s;
+    o->expert_requests = s.requests;
+    o->expert_hits = s.hits;
+    o->expert_misses = s.misses;
+    o->expert_bytes_read = s.bytes_read;
+    o->expert_rereads = s.rereads;
+    o->cache_slots = df_store_slots(e->store);
+    o->cache_bytes = (uint64_t)df_store_slots(e->store) * df_store_slot_bytes(e->store);
+    o->expert_source = df_store_source(e->store);
+    o->direct_io = df_store_direct(e->store);
+}
 
 static const char *rope_name(df_rope_type t) {
     switch (t) {
@@ -307,6 +440,10 @@ int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
     *out = NULL;
     const df_config *c = &e->model.cfg;
     if (max_ctx <= 0 || max_ctx > c->max_position_embeddings) max_ctx = c->max_position_embeddings;
+    if (e->ram_budget && max_ctx > e->budget_ctx)
+        return df_fail(err, DF_ERR_ARG,
+                       "a %d-token session does not fit the RAM budget, which was sized for %d tokens "
+                       "(set the engine's context)", max_ctx, e->budget_ctx);
     df_session *s = df_xcalloc(1, sizeof *s);
     s->eng = e;
     s->max_ctx = max_ctx;
@@ -349,16 +486,20 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         return df_fail(err, DF_ERR_CONTEXT, "context full: %d + %d tokens exceed the %d-token context",
                        s->pos, n, s->max_ctx);
     int R = df_fwd_buf_rows(s->buf);
+    double t0 = df_now();
     for (int done = 0; done < n;) {
         int T = n - done < R ? n - done : R;
         bool last = done + T == n;
         float *lg = NULL;
         if (logits && all_rows) lg = logits + (size_t)done * V;
         else if (logits && last) lg = logits;
-        df_qwen3_forward(m, s->eng->pool, &s->kv, s->buf, tokens + done, T, s->pos, lg,
-                         all_rows != 0);
+        int rc = df_qwen3_forward(m, s->eng->store, s->eng->pool, &s->kv, s->buf, tokens + done, T,
+                                  s->pos, lg, all_rows != 0, err);
+        if (rc) return rc; /* the position stays: the chunk can be evaluated again */
         s->pos += T;
         done += T;
+        s->eng->tokens += (uint64_t)T;
     }
+    s->eng->eval_s += df_now() - t0;
     return DF_OK;
 }

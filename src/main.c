@@ -6,6 +6,7 @@
  *   deltafin inspect   config, tensor inventory, byte counts
  *   deltafin tokenize  text -> ids, or --decode ids -> text
  *   deltafin logits    raw logits of a token sequence (for tests and tools)
+ *   deltafin pack      rewrite routed experts into an expert pack, or --verify one
  *   deltafin cache-sim replay a routing trace through the expert cache policies
  *
  * Exit codes: 0 success, 2 bad input or usage (the message names what is wrong),
@@ -21,8 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int df_cache_sim_main(int argc, char **argv);
+int df_pack_main(int argc, char **argv);
 
 #define EXIT_BAD 2
 
@@ -42,11 +45,20 @@ static void die_err(const df_error *e) {
     exit(e->code == DF_ERR_NOMEM ? 1 : EXIT_BAD);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* ---- option parsing ------------------------------------------------------------ */
 
 typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
-    bool chat, think, print_ids, help;
+    const char *experts, *events;
+    uint64_t ram_budget, expert_cache;
+    double io_bw;
+    bool chat, think, print_ids, help, stats;
     int max_new, threads, ctx, batch;
     df_sampler_params sp;
     bool temp_set, top_p_set, top_k_set;
@@ -59,6 +71,28 @@ static long parse_long(const char *flag, const char *v, long lo, long hi) {
     if (errno || *end || end == v || x < lo || x > hi)
         die("%s expects an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
     return x;
+}
+
+/* "512M", "2G", "1.5GiB", "4000000" -> bytes (K/M/G/T are powers of 1024). */
+static uint64_t parse_size(const char *flag, const char *v) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || !(x > 0)) die("%s expects a size such as 8G or 512M, got '%s'", flag, v);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) die("%s expects a size such as 8G or 512M, got '%s'", flag, v);
+    double b = x * mul;
+    if (b > 1e18) die("%s: '%s' is too large", flag, v);
+    return (uint64_t)b;
 }
 
 static float parse_float(const char *flag, const char *v) {
@@ -105,11 +139,13 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         snprintf(key, sizeof key, " %s ", a);
         if (!strstr(allowed, key)) die("unknown option '%s' for this command (see --help)", a);
         bool is_flag = !strcmp(a, "--chat") || !strcmp(a, "--print-ids") ||
-                       !strcmp(a, "--no-think") || !strcmp(a, "--think");
+                       !strcmp(a, "--no-think") || !strcmp(a, "--think") ||
+                       !strcmp(a, "--stats");
         if (is_flag) {
             if (!strcmp(a, "--chat")) o->chat = true;
             else if (!strcmp(a, "--print-ids")) o->print_ids = true;
             else if (!strcmp(a, "--no-think")) o->think = false;
+            else if (!strcmp(a, "--stats")) o->stats = true;
             else o->think = true;
             continue;
         }
@@ -124,6 +160,11 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--tokens")) o->tokens = v;
         else if (!strcmp(a, "--out")) o->out = v;
         else if (!strcmp(a, "--isa")) o->isa = v;
+        else if (!strcmp(a, "--experts")) o->experts = v;
+        else if (!strcmp(a, "--events")) o->events = v;
+        else if (!strcmp(a, "--ram-budget")) o->ram_budget = parse_size(a, v);
+        else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
+        else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
         else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)parse_long(a, v, 1, 1 << 24);
@@ -141,7 +182,9 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
 
 static df_engine *open_engine(const opts *o) {
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
-    df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa};
+    df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
+                         .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
+                         .expert_cache = o->expert_cache};
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
@@ -149,6 +192,79 @@ static df_engine *open_engine(const opts *o) {
 }
 
 /* ---- run ------------------------------------------------------------------------- */
+
+static uint64_t peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
+ * between counter snapshots a and b in `secs` of wall time. */
+static void report(FILE *ev, bool text, const char *what, int rows, const df_stats *a,
+                   const df_stats *b, double secs) {
+    uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
+    uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
+    double wait = b->read_wait_s - a->read_wait_s, compute = secs - wait;
+    if (text && strcmp(what, "token") == 0)
+        fprintf(stderr, "[%s] %.3f s  read %.1f MB  hits %llu misses %llu  wait %.3f s compute %.3f s\n",
+                what, secs, (double)bytes / 1e6, (unsigned long long)hits, (unsigned long long)miss,
+                wait, compute);
+    if (ev)
+        fprintf(ev,
+                "{\"event\":\"%s\",\"rows\":%d,\"seconds\":%.6f,\"expert_bytes_read\":%llu,"
+                "\"expert_hits\":%llu,\"expert_misses\":%llu,\"read_wait_s\":%.6f,\"compute_s\":%.6f,"
+                "\"read_bandwidth_gbs\":%.4f}\n",
+                what, rows, secs, (unsigned long long)bytes, (unsigned long long)hits,
+                (unsigned long long)miss, wait, compute, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+}
+
+static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
+                    const df_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
+                    double io_bw) {
+    double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
+    uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
+    uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
+    double wait = b->read_wait_s - a->read_wait_s;
+    double per_tok = n_dec ? (double)bytes / n_dec : 0;
+    double bw = dec_s > 0 ? (double)bytes / dec_s : 0;
+    /* The I/O bound: tokens/s if every missed byte streamed at the measured
+     * device bandwidth and nothing else took time. */
+    double bound = io_bw > 0 && per_tok > 0 ? io_bw * 1e9 / per_tok : 0;
+    if (text) {
+        fprintf(stderr,
+                "summary: prefill %zu tokens %.3f s (%.2f tok/s) | decode %d tokens %.3f s (%.3f tok/s)\n"
+                "  experts: %s, cache %d slots (%.1f MiB); hits %llu misses %llu (hit rate %.1f%%)\n"
+                "  read %.1f MB (%.2f MB/token) at %.3f GB/s; waiting on reads %.3f s, computing %.3f s\n",
+                n_prompt, prefill_s, prefill_s > 0 ? (double)n_prompt / prefill_s : 0, n_dec, dec_s, tps,
+                b->expert_source, b->cache_slots, (double)b->cache_bytes / 1048576.0,
+                (unsigned long long)hits, (unsigned long long)miss,
+                hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 0.0, (double)bytes / 1e6,
+                per_tok / 1e6, bw / 1e9, wait, dec_s - wait);
+        if (bound > 0)
+            fprintf(stderr, "  I/O bound %.3f tok/s at %.3f GB/s measured: achieved %.2f of it\n", bound,
+                    io_bw, tps / bound);
+        fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
+                (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
+                info->isa, info->n_threads);
+    }
+    if (ev)
+        fprintf(ev,
+                "{\"event\":\"summary\",\"prompt_tokens\":%zu,\"prefill_s\":%.6f,\"decode_tokens\":%d,"
+                "\"decode_s\":%.6f,\"tokens_per_s\":%.6f,\"expert_source\":\"%s\",\"cache_slots\":%d,"
+                "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_bytes_read\":%llu,"
+                "\"bytes_missed_per_token\":%.1f,\"read_bandwidth_gbs\":%.4f,\"read_wait_s\":%.6f,"
+                "\"io_bound_tokens_per_s\":%.6f,\"fraction_of_bound\":%.4f,\"peak_rss_bytes\":%llu,"
+                "\"active_bytes_per_token\":%llu}\n",
+                n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
+                (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
+                bw / 1e9, wait, bound, bound > 0 ? tps / bound : 0.0,
+                (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token);
+}
 
 static const char RUN_HELP[] =
     "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n"
@@ -168,14 +284,25 @@ static const char RUN_HELP[] =
     "  --threads N          compute threads (default: all CPUs)\n"
     "  --ctx N              context length to allocate (default: min(model max, 4096))\n"
     "  --isa PATH           kernel path: auto, avx512, avx2, c\n"
-    "  --print-ids          print generated token ids instead of text\n";
+    "  --print-ids          print generated token ids instead of text\n"
+    "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
+    "                       comma-separated directories, one per drive\n"
+    "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G): the expert cache\n"
+    "                       gets what the always-active weights and context leave; without\n"
+    "                       --experts, experts stream from the safetensors (page cache)\n"
+    "  --expert-cache SIZE  size the expert cache directly instead of from --ram-budget\n"
+    "  --stats              per-token and summary statistics on stderr: tokens/s, expert\n"
+    "                       bytes read, cache hits/misses, read wait vs compute, bandwidth\n"
+    "  --events FILE        the same statistics as JSON lines\n"
+    "  --io-bw GB/S         measured device bandwidth: --stats then reports the I/O bound\n"
+    "                       (bandwidth / bytes missed per token) and the fraction reached\n";
 
 static int cmd_run(int argc, char **argv) {
     opts o;
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids ");
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
@@ -222,7 +349,17 @@ static int cmd_run(int argc, char **argv) {
     int32_t *hist = malloc(sizeof(int32_t) * (n + (size_t)o.max_new + 1));
     memcpy(hist, ids, n * sizeof(int32_t));
     size_t nh = n;
+    FILE *ev = NULL;
+    if (o.events && !(ev = fopen(o.events, "w"))) die("%s: cannot create: %s", o.events, strerror(errno));
+    df_stats st0, prev, now;
+    df_engine_stats(e, &st0);
+    double t0 = now_s();
     if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
+    double t1 = now_s();
+    df_engine_stats(e, &prev);
+    report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
+    df_stats after_prefill = prev;
+    int n_decoded = 0;
     df_text_stream ts = {0};
     char buf[4096];
     for (int step = 0; step < o.max_new; step++) {
@@ -241,13 +378,25 @@ static int cmd_run(int argc, char **argv) {
             fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
             break;
         }
+        double ts0 = now_s();
         if (df_session_eval(s, &t, 1, logits, 0, &err)) die_err(&err);
+        n_decoded++;
+        df_engine_stats(e, &now);
+        report(ev, o.stats, "token", 1, &prev, &now, now_s() - ts0);
+        prev = now;
     }
+    double t2 = now_s();
     if (!o.print_ids) {
         size_t w = df_text_stream_flush(&ts, buf, sizeof buf);
         fwrite(buf, 1, w, stdout);
     }
     printf("\n");
+    fflush(stdout);
+    if (o.stats || ev) {
+        report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
+        summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw);
+    }
+    if (ev) fclose(ev);
     free(hist);
     free(logits);
     free(ids);
@@ -261,7 +410,7 @@ static int cmd_run(int argc, char **argv) {
 
 static int cmd_inspect(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --threads --isa ");
+    parse(&o, argc, argv, " --model --threads --isa --experts --ram-budget ");
     if (o.help) {
         puts("usage: deltafin inspect --model DIR\n\n"
              "Prints the config, the tensor inventory (routed experts summarised per layer)\n"
@@ -311,17 +460,19 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"
              "row to FILE as little-endian float32 [T][vocab]. --batch N feeds the tokens N\n"
-             "at a time (the results must not depend on it).");
+             "at a time (the results must not depend on it). --experts DIRS and --ram-budget\n"
+             "SIZE stream the routed experts as in `deltafin run`.");
         return 0;
     }
     if (!o.tokens || !o.out) die("--tokens and --out are required");
     int n;
     int32_t *ids = parse_ids("--tokens", o.tokens, &n);
+    if (!o.ctx) o.ctx = n;
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
     if (n > info->max_context) die("%d tokens exceed the model's context of %d", n, info->max_context);
@@ -356,6 +507,7 @@ static const char MAIN_HELP[] =
     "  inspect    print a checkpoint's config, tensors and byte counts\n"
     "  tokenize   text to token ids and back\n"
     "  logits     write the logits of a token sequence to a file\n"
+    "  pack       rewrite a checkpoint's routed experts into an expert pack (--verify to check)\n"
     "  cache-sim  replay a routing trace through the expert cache policies\n";
 
 int main(int argc, char **argv) {
@@ -368,6 +520,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
+    if (!strcmp(cmd, "pack")) return df_pack_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "cache-sim")) return df_cache_sim_main(argc - 2, argv + 2);
     die("unknown command '%s' (see deltafin --help)", cmd);
 }

@@ -65,12 +65,18 @@ typedef struct df_fwd_buf df_fwd_buf;
 df_fwd_buf *df_fwd_buf_new(const df_model *m, int max_rows, int max_ctx);
 void df_fwd_buf_free(df_fwd_buf *b);
 int df_fwd_buf_rows(const df_fwd_buf *b);
+/* Bytes df_fwd_buf_new(m, rows, max_ctx) and a forward pass allocate. */
+size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx);
+
+struct df_store;
 
 /* Runs rows tokens[0..T) at positions pos0..pos0+T-1 (T <= max_rows), writing
  * their K/V into kv. logits: NULL, or [T][vocab] when all_rows, else [vocab]
- * for the last row. A row's results do not depend on T or the thread count. */
-void df_qwen3_forward(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b,
-                      const int32_t *tokens, int T, int pos0, float *logits,
-                      bool all_rows);
+ * for the last row. store: where routed experts come from (NULL: the mapped
+ * checkpoint). A row's results do not depend on T, the thread count, or where
+ * the experts came from. Fails only on expert read errors. */
+int df_qwen3_forward(const df_model *m, struct df_store *store, df_pool *pool, df_kv *kv,
+                     df_fwd_buf *b, const int32_t *tokens, int T, int pos0, float *logits,
+                     bool all_rows, df_error *err);
 
 #endif

@@ -19,6 +19,8 @@
  */
 #include "model/model.h"
 
+#include "experts/store.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -72,6 +74,20 @@ void df_fwd_buf_free(df_fwd_buf *b) {
 }
 
 int df_fwd_buf_rows(const df_fwd_buf *b) { return b->rows; }
+
+size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx) {
+    const df_config *c = &m->cfg;
+    size_t R = (size_t)rows, H = (size_t)c->hidden_size;
+    size_t qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
+    size_t kvd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    size_t I = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size
+                                                                        : c->moe_intermediate_size);
+    size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
+    size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    /* the forward buffers, plus attention's per-thread score rows */
+    return sizeof(float) * R * (4 * H + 2 * qd + 2 * kvd + 2 * I + E + K + K * H) +
+           sizeof(int) * R * (K + 1) + sizeof(float) * 64 * (size_t)max_ctx;
+}
 
 int df_kv_init(df_kv *kv, const df_model *m, int max_ctx, df_error *err) {
     const df_config *c = &m->cfg;
@@ -270,7 +286,23 @@ static void route(const df_config *c, const float *logits, int *sel, float *w) {
     }
 }
 
-static void moe(const df_model *m, df_pool *pool, df_fwd_buf *b, int li, int T) {
+/* Rows of the batch routed to expert e go through it as one batch. */
+static void run_expert(df_pool *pool, df_fwd_buf *b, const df_expert *x, int e, int T, int K,
+                       int H) {
+    int n = 0;
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++)
+            if (b->sel[t * K + k] == e) {
+                memcpy(b->xg + (size_t)n * H, b->xb + (size_t)t * H, sizeof(float) * (size_t)H);
+                b->grow[n++] = t * K + k;
+            }
+    mlp(pool, b, &x->gate, &x->up, &x->down, b->xg, b->yg, n);
+    for (int r = 0; r < n; r++)
+        memcpy(b->yslot + (size_t)b->grow[r] * H, b->yg + (size_t)r * H, sizeof(float) * (size_t)H);
+}
+
+static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int li, int T,
+               df_error *err) {
     const df_config *c = &m->cfg;
     const df_layer *L = &m->layers[li];
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
@@ -278,21 +310,33 @@ static void moe(const df_model *m, df_pool *pool, df_fwd_buf *b, int li, int T) 
     for (int t = 0; t < T; t++)
         route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K);
 
-    /* Each expert processes the rows routed to it, in one batch. */
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < K; k++)
-                if (b->sel[t * K + k] == e) {
-                    memcpy(b->xg + (size_t)n * H, b->xb + (size_t)t * H, sizeof(float) * (size_t)H);
-                    b->grow[n++] = t * K + k;
-                }
-        if (!n) continue;
-        const df_expert *x = &L->experts[e];
-        mlp(pool, b, &x->gate, &x->up, &x->down, b->xg, b->yg, n);
-        for (int r = 0; r < n; r++)
-            memcpy(b->yslot + (size_t)b->grow[r] * H, b->yg + (size_t)r * H, sizeof(float) * (size_t)H);
+    /* The distinct experts the batch needs, each computed once for all its rows. */
+    int need[E], n_need = 0;
+    bool used[E];
+    memset(used, 0, sizeof used);
+    for (int i = 0; i < T * K; i++) used[b->sel[i]] = true;
+    for (int e = 0; e < E; e++)
+        if (used[e]) need[n_need++] = e;
+
+    if (!store) {
+        for (int i = 0; i < n_need; i++) run_expert(pool, b, &L->experts[need[i]], need[i], T, K, H);
+    } else {
+        /* All reads are requested at once; experts come back resident-first. */
+        int rc = df_store_begin_layer(store, li, need, n_need, err);
+        if (rc) return rc;
+        for (;;) {
+            int e;
+            df_expert w;
+            if ((rc = df_store_next(store, &e, &w, err))) {
+                df_store_end_layer(store);
+                return rc;
+            }
+            if (e < 0) break;
+            run_expert(pool, b, &w, e, T, K, H);
+        }
+        df_store_end_layer(store);
     }
+    /* Combine per row in top-k slot order: independent of the order above. */
     for (int t = 0; t < T; t++) {
         float *xo = b->x + (size_t)t * H;
         float *acc = b->xb + (size_t)t * H;
@@ -306,37 +350,40 @@ static void moe(const df_model *m, df_pool *pool, df_fwd_buf *b, int li, int T) 
         }
         for (int i = 0; i < H; i++) xo[i] += acc[i];
     }
+    return DF_OK;
 }
 
-static void feed_forward(const df_model *m, df_pool *pool, df_fwd_buf *b, int li, int T) {
+static int feed_forward(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int li,
+                        int T, df_error *err) {
     const df_config *c = &m->cfg;
     const df_layer *L = &m->layers[li];
     int H = c->hidden_size;
     for (int t = 0; t < T; t++)
         rmsnorm(b->xb + (size_t)t * H, b->x + (size_t)t * H, L->ffn_norm, H, (float)c->rms_norm_eps);
-    if (L->is_moe) {
-        moe(m, pool, b, li, T);
-        return;
-    }
+    if (L->is_moe) return moe(m, store, pool, b, li, T, err);
     mlp(pool, b, &L->gate, &L->up, &L->down, b->xb, b->yg, T);
     for (size_t i = 0; i < (size_t)T * H; i++) b->x[i] += b->yg[i];
+    return DF_OK;
 }
 
 /* ---- the whole pass ------------------------------------------------------------- */
 
-void df_qwen3_forward(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b,
-                      const int32_t *tokens, int T, int pos0, float *logits, bool all_rows) {
+int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *kv,
+                     df_fwd_buf *b, const int32_t *tokens, int T, int pos0, float *logits,
+                     bool all_rows, df_error *err) {
     const df_config *c = &m->cfg;
     int H = c->hidden_size;
     for (int t = 0; t < T; t++) embed_row(m, tokens[t], b->x + (size_t)t * H);
     for (int li = 0; li < c->num_hidden_layers; li++) {
         attention(m, pool, kv, b, li, T, pos0);
-        feed_forward(m, pool, b, li, T);
+        int rc = feed_forward(m, store, pool, b, li, T, err);
+        if (rc) return rc;
     }
-    if (!logits) return;
+    if (!logits) return DF_OK;
     int first = all_rows ? 0 : T - 1, n = T - first;
     for (int t = first; t < T; t++)
         rmsnorm(b->xb + (size_t)(t - first) * H, b->x + (size_t)t * H, m->final_norm, H,
                 (float)c->rms_norm_eps);
     matmul(pool, logits, b->xb, &m->lm_head, n);
+    return DF_OK;
 }

@@ -1,0 +1,51 @@
+/*
+ * store.h - the expert store: routed experts read on demand into a fixed set of
+ * RAM slots, from an expert pack (io_uring, O_DIRECT, every stripe of a record
+ * in flight at once, checksums verified) or straight from the checkpoint's
+ * safetensors files (buffered reads through the page cache).
+ *
+ * A MoE layer asks for all the experts its rows need at once (queue depth); the
+ * store hands them back resident-first, then in completion order, so the
+ * experts already present are computed while the others load. Slots in use by
+ * the current layer are pinned; the rest are evicted by the cache policy.
+ */
+#ifndef DF_EXPERTS_STORE_H
+#define DF_EXPERTS_STORE_H
+
+#include "model/model.h"
+
+typedef struct df_store df_store;
+
+typedef struct df_store_opts {
+    const char *const *pack_dirs; /* NULL/0: stream from the safetensors files */
+    int n_pack_dirs;
+    uint64_t cache_bytes;         /* RAM for expert slots */
+    const char *policy;           /* "lru" (default) */
+} df_store_opts;
+
+typedef struct df_store_stats {
+    uint64_t requests;    /* (layer, expert) uses */
+    uint64_t hits;        /* already resident (or in flight) when asked for */
+    uint64_t misses;
+    uint64_t bytes_read;  /* from disk, padding included */
+    uint64_t records_read;
+    uint64_t rereads;     /* checksum mismatches that were read again */
+    double wait_s;        /* time the caller spent blocked on reads */
+} df_store_stats;
+
+int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_error *err);
+void df_store_close(df_store *s);
+int df_store_slots(const df_store *s);
+size_t df_store_slot_bytes(const df_store *s);
+bool df_store_direct(const df_store *s); /* reads bypass the page cache */
+const char *df_store_source(const df_store *s); /* "pack" or "safetensors" */
+df_store_stats df_store_get_stats(const df_store *s);
+
+/* Starts a layer: `experts` are the distinct experts its rows need. */
+int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_error *err);
+/* Hands out the next ready expert of the layer: *expert = its id and *w views of
+ * its weights, valid until the next call; *expert = -1 when all were handed out. */
+int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err);
+void df_store_end_layer(df_store *s);
+
+#endif

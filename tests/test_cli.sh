@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# test_cli.sh ENGINE - the command line as a user meets it: --help everywhere,
+# tokenize round trips, and bad input (missing, truncated, hostile or
+# inconsistent checkpoints, bad options) giving a one-line error that names the
+# file or field, exit code 2, and no crash. Ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+ENG=${1:-build/deltafin-san}
+MODELS=${DF_TEST_MODELS:-build/test-models}
+GOOD=$MODELS/engine-dense
+PY=/usr/bin/python3
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+
+ok() { pass=$((pass + 1)); echo "PASS $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+
+# expect_error NAME PATTERN CMD... : exit 2, exactly one stderr line matching PATTERN
+expect_error() {
+    local name=$1 pat=$2; shift 2
+    "$@" >"$T/out" 2>"$T/err"
+    local rc=$?
+    local lines; lines=$(wc -l <"$T/err")
+    if [ $rc -ne 2 ]; then bad "$name" "exit $rc (want 2): $(head -c 300 "$T/err")"; return; fi
+    if [ "$lines" -ne 1 ]; then bad "$name" "stderr has $lines lines: $(head -c 600 "$T/err")"; return; fi
+    if ! grep -qE -- "$pat" "$T/err"; then bad "$name" "message '$(cat "$T/err")' lacks /$pat/"; return; fi
+    ok "$name"
+}
+
+copy_model() { rm -rf "$T/m"; cp -r "$GOOD" "$T/m"; }
+
+for c in run inspect tokenize logits cache-sim; do
+    if "$ENG" $c --help >"$T/out" 2>&1 && grep -q usage "$T/out"; then ok "help-$c"; else bad "help-$c" "no usage"; fi
+done
+"$ENG" --help >/dev/null 2>&1 && ok help-main || bad help-main "exit $?"
+
+expect_error unknown-command "unknown command 'frobnicate'" "$ENG" frobnicate
+expect_error unknown-option "unknown option '--bogus'" "$ENG" run --model "$GOOD" --bogus 1
+expect_error bad-number "--max-new expects an integer" "$ENG" run --model "$GOOD" --prompt hi --max-new abc
+expect_error missing-dir "/no/such/model" "$ENG" inspect --model /no/such/model
+
+copy_model; echo '{"model_type": "qwen3", "hidden_size": ' >"$T/m/config.json"
+expect_error malformed-config "config.json" "$ENG" inspect --model "$T/m"
+
+copy_model; $PY - "$T/m/config.json" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p)); c["model_type"] = "llama"; json.dump(c, open(p, "w"))
+PYEOF
+expect_error unsupported-arch "model_type 'llama'" "$ENG" inspect --model "$T/m"
+
+copy_model; $PY - "$T/m/config.json" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p)); c["hidden_size"] = "big"; json.dump(c, open(p, "w"))
+PYEOF
+expect_error config-wrong-type "hidden_size" "$ENG" inspect --model "$T/m"
+
+copy_model; $PY - "$T/m/config.json" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p)); c["intermediate_size"] += 16; json.dump(c, open(p, "w"))
+PYEOF
+expect_error shape-mismatch "mlp.*(shape|\\[)" "$ENG" inspect --model "$T/m"
+
+st() { ls "$T/m"/*.safetensors | head -1; }
+copy_model; f=$(st); truncate -s $(( $(stat -c %s "$f") - 100 )) "$f"
+expect_error truncated-safetensors "$(basename "$f")" "$ENG" inspect --model "$T/m"
+
+copy_model; f=$(st); printf '\xff\xff\xff\xff\xff\xff\x00\x00' | dd of="$f" bs=1 count=8 conv=notrunc status=none
+expect_error huge-header "$(basename "$f")" "$ENG" inspect --model "$T/m"
+
+# rewrite one tensor's header entry (same header length, padded with spaces)
+edit_header() { $PY - "$1" "$2" <<'PYEOF'
+import json, struct, sys
+path, how = sys.argv[1], sys.argv[2]
+b = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+names = sorted(k for k in h if k != "__metadata__")
+if how == "dtype":
+    h[names[0]]["dtype"] = "Q4_K"
+elif how == "overlap":
+    h[names[1]]["data_offsets"] = h[names[0]]["data_offsets"]
+    h[names[1]]["shape"] = h[names[0]]["shape"]; h[names[1]]["dtype"] = h[names[0]]["dtype"]
+elif how == "past-end":
+    a, e = h[names[0]]["data_offsets"]; h[names[0]]["data_offsets"] = [a + 10**9, e + 10**9]
+elif how == "drop":
+    h.pop("model.norm.weight")
+s = json.dumps(h).encode()
+assert len(s) <= n, "header grew"
+b[8:8 + n] = s + b" " * (n - len(s))
+open(path, "wb").write(b)
+PYEOF
+}
+copy_model; edit_header "$(st)" dtype
+expect_error unknown-dtype "Q4_K" "$ENG" inspect --model "$T/m"
+copy_model; edit_header "$(st)" overlap
+expect_error overlapping-tensors "overlap" "$ENG" inspect --model "$T/m"
+copy_model; edit_header "$(st)" past-end
+expect_error offsets-past-end "$(basename "$(st)")" "$ENG" inspect --model "$T/m"
+copy_model; edit_header "$(st)" drop
+expect_error missing-tensor "model.norm.weight" "$ENG" inspect --model "$T/m"
+
+copy_model; rm "$T/m/tokenizer.json"
+expect_error missing-tokenizer "tokenizer.json" "$ENG" inspect --model "$T/m"
+
+# a working model: inspect, tokenize round trip, run
+if "$ENG" inspect --model "$GOOD" >"$T/out" 2>&1 && grep -q "routed experts" "$T/out"; then ok inspect; else bad inspect "$(tail -3 "$T/out")"; fi
+txt='Hello world, deltafin! 123 ünïcödé'
+ids=$("$ENG" tokenize --model "$GOOD" --text "$txt" 2>&1)
+back=$("$ENG" tokenize --model "$GOOD" --decode "$(echo "$ids" | tr ' ' ',')" 2>&1)
+[ "$back" = "$txt" ] && ok tokenize-roundtrip || bad tokenize-roundtrip "'$ids' -> '$back'"
+if "$ENG" run --model "$GOOD" --prompt-tokens 1,2,3 --max-new 5 --temp 0 --print-ids >"$T/out" 2>&1 \
+   && [ "$(wc -w <"$T/out")" -eq 5 ]; then ok run-ids; else bad run-ids "$(cat "$T/out")"; fi
+expect_error run-token-out-of-vocab "outside the vocabulary" "$ENG" run --model "$GOOD" --prompt-tokens 999999 --max-new 1
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,219 @@
+/*
+ * test_stream.c - expert streaming is exact: logits through the expert store
+ * (from a pack with 1 or 2 stripes, or straight from the safetensors) are
+ * bit-identical to the all-resident run, for every cache size from one slot
+ * to every expert, with 1 and 2 threads, in batches and token by token; and
+ * read faults (corrupted record, missing pack) are clean errors.
+ */
+#include "testutil.h"
+
+#include "deltafin.h"
+#include "experts/pack.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NTOK 40
+
+static char moe_dir[512], tmp[256], pack1[300], pack2a[300], pack2b[300], packs2[700];
+static int32_t toks[NTOK];
+static float *ref;
+static int V;
+
+typedef struct arm {
+    const char *experts; /* NULL: safetensors */
+    int slots;           /* 0: no store (resident) */
+    int threads;
+    int step;            /* tokens per eval call */
+} arm;
+
+static size_t slot_bytes(const char *experts) {
+    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = experts,
+                        .expert_cache = (uint64_t)1 << 40};
+    df_engine *e;
+    df_error err;
+    if (df_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
+    df_stats st;
+    df_engine_stats(e, &st);
+    df_engine_close(e);
+    return st.cache_bytes / (size_t)st.cache_slots;
+}
+
+static float *run(const arm *a, df_stats *st_out) {
+    df_engine_opts o = {.model_dir = moe_dir, .n_threads = a->threads, .experts = a->experts};
+    if (a->slots) o.expert_cache = (uint64_t)a->slots * slot_bytes(a->experts);
+    df_engine *e;
+    df_error err;
+    if (df_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
+    df_session *s;
+    assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
+    float *lg = malloc(sizeof(float) * (size_t)V * NTOK);
+    for (int i = 0; i < NTOK; i += a->step) {
+        int k = NTOK - i < a->step ? NTOK - i : a->step;
+        if (df_session_eval(s, toks + i, k, lg + (size_t)i * V, 1, &err)) fail_msg("eval: %s", err.msg);
+    }
+    if (st_out) df_engine_stats(e, st_out);
+    df_session_free(s);
+    df_engine_close(e);
+    return lg;
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *d = getenv("DF_TEST_MODELS");
+    snprintf(moe_dir, sizeof moe_dir, "%s/engine-moe", d ? d : "build/test-models");
+    snprintf(tmp, sizeof tmp, "/tmp/deltafin-test-stream-%d", (int)getpid());
+    mkdir(tmp, 0755);
+    snprintf(pack1, sizeof pack1, "%s/p1", tmp);
+    snprintf(pack2a, sizeof pack2a, "%s/p2a", tmp);
+    snprintf(pack2b, sizeof pack2b, "%s/p2b", tmp);
+    snprintf(packs2, sizeof packs2, "%s,%s", pack2b, pack2a); /* any order */
+    df_error err;
+    df_pack_write_opts wo = {0};
+    const char *one[] = {pack1}, *two[] = {pack2a, pack2b};
+    if (df_pack_write(moe_dir, one, 1, &wo, NULL, &err) || df_pack_write(moe_dir, two, 2, &wo, NULL, &err)) {
+        fprintf(stderr, "pack: %s\n", err.msg);
+        return -1;
+    }
+    uint32_t x = 777;
+    for (int i = 0; i < NTOK; i++) {
+        x = x * 1664525u + 1013904223u;
+        toks[i] = (int32_t)((x >> 8) % 1000);
+    }
+    arm r = {NULL, 0, 2, NTOK};
+    df_engine_opts o = {.model_dir = moe_dir};
+    df_engine *e;
+    if (df_engine_open(&e, &o, &err)) return -1;
+    V = df_engine_info(e)->vocab_size;
+    df_engine_close(e);
+    ref = run(&r, NULL);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    free(ref);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void check(const arm *a) {
+    float *got = run(a, NULL);
+    for (int r = 0; r < NTOK; r++)
+        if (memcmp(ref + (size_t)r * V, got + (size_t)r * V, sizeof(float) * (size_t)V))
+            fail_msg("experts %s, %d slots, %d threads, step %d: row %d differs from resident",
+                     a->experts ? a->experts : "safetensors", a->slots, a->threads, a->step, r);
+    free(got);
+}
+
+/* 8 experts x 2 MoE layers; top-3: one layer's active experts = 3 slots. */
+static void test_pack_every_budget(void **state) {
+    (void)state;
+    int slots[] = {1, 2, 3, 5, 8, 16};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        for (int th = 1; th <= 2; th++) {
+            arm a = {pack1, slots[i], th, i % 2 ? 1 : NTOK};
+            check(&a);
+        }
+}
+
+static void test_striped(void **state) {
+    (void)state;
+    int slots[] = {1, 3, 16};
+    for (size_t i = 0; i < 3; i++) {
+        arm a = {packs2, slots[i], 2, i == 1 ? 1 : 7};
+        check(&a);
+    }
+}
+
+static void test_safetensors_path(void **state) {
+    (void)state;
+    int slots[] = {1, 3, 16};
+    for (size_t i = 0; i < 3; i++) {
+        arm a = {NULL, slots[i], 1 + (int)(i % 2), i == 0 ? 1 : NTOK};
+        check(&a);
+    }
+}
+
+/* Counters: with room for every expert, each is read exactly once. */
+static void test_stats(void **state) {
+    (void)state;
+    df_stats all, one;
+    arm a = {pack1, 16, 1, 1};
+    free(run(&a, &all));
+    assert_true(all.expert_misses <= 16);
+    assert_int_equal(all.expert_hits + all.expert_misses, all.expert_requests);
+    assert_true(all.expert_hits > 0);
+    assert_string_equal(all.expert_source, "pack");
+    arm b = {pack1, 1, 1, 1};
+    free(run(&b, &one));
+    assert_true(one.expert_misses > all.expert_misses);
+    assert_true(one.expert_bytes_read > all.expert_bytes_read);
+    assert_int_equal(one.expert_rereads, 0);
+}
+
+static void test_corrupt_record(void **state) {
+    (void)state;
+    char path[400];
+    snprintf(path, sizeof path, "%s/experts.bin", pack1);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, 5000, SEEK_SET); /* inside the first record (layer 0 expert 0 or 1) */
+    int c = fgetc(f);
+    fseek(f, 5000, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
+                        .expert_cache = (uint64_t)1 << 40};
+    df_engine *e;
+    df_error err;
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_OK);
+    df_session *s;
+    assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
+    int rc = DF_OK;
+    for (int i = 0; i < NTOK && rc == DF_OK; i++) rc = df_session_eval(s, toks + i, 1, NULL, 0, &err);
+    assert_int_equal(rc, DF_ERR_IO);
+    assert_non_null(strstr(err.msg, "checksum mismatch"));
+    assert_non_null(strstr(err.msg, "expert"));
+    df_stats st;
+    df_engine_stats(e, &st);
+    assert_int_equal(st.expert_rereads, 1); /* read once more before failing */
+    df_session_free(s);
+    df_engine_close(e);
+    /* put it back so later tests see a good pack */
+    f = fopen(path, "r+b");
+    fseek(f, 5000, SEEK_SET);
+    fputc(c, f);
+    fclose(f);
+}
+
+static void test_missing_pack(void **state) {
+    (void)state;
+    df_engine_opts o = {.model_dir = moe_dir, .experts = "/nonexistent/pack-dir"};
+    df_engine *e;
+    df_error err;
+    int rc = df_engine_open(&e, &o, &err);
+    assert_int_not_equal(rc, DF_OK);
+    assert_non_null(strstr(err.msg, "/nonexistent/pack-dir"));
+    /* only one of the two stripes */
+    o.experts = pack2a;
+    assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
+    /* a budget too small for even one expert */
+    o.experts = pack1;
+    o.expert_cache = 100;
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
+    assert_non_null(strstr(err.msg, "one expert"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pack_every_budget), cmocka_unit_test(test_striped),
+        cmocka_unit_test(test_safetensors_path),  cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_missing_pack),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
