@@ -4,10 +4,18 @@
  *
  * The engine calls df_pool_for thousands of times per token, so dispatch must
  * cost about a microsecond, not a futex round trip: a job is published by bumping
- * a generation counter that idle workers spin on for a while (PAUSE loop) before
- * they fall asleep on a futex; the caller likewise spins for completion before
- * sleeping. The sleep paths use the classic "announce, re-check, wait" handshake
- * with sequentially consistent atomics so that no wake-up is lost.
+ * a generation counter that idle workers spin on for a while before they fall
+ * asleep on a futex; the caller likewise spins for completion before sleeping.
+ * The sleep paths use the "announce, re-check, wait" handshake with sequentially
+ * consistent atomics, so no wake-up is lost.
+ *
+ * The ranges ("slots", one per thread) are claimed, not assigned: whoever comes
+ * first takes the next unclaimed slot, the caller included. When a worker is not
+ * running at that moment (descheduled on a busy machine, or still waking from
+ * its futex), the caller runs that worker's range itself instead of waiting a
+ * scheduler time slice for it. A claim is a CAS on a (generation, next slot)
+ * word, so a worker that wakes late for an old job can never claim its slots;
+ * the job fields are atomics so such a late reader is not a data race either.
  *
  * Calls from several outside threads are serialised by a mutex; a df_pool_for
  * made from inside a running job (nesting) runs inline on the calling thread.
@@ -16,6 +24,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +36,16 @@
 #include <unistd.h>
 #endif
 
-/* How long an idle thread keeps spinning before it sleeps. Long enough to
- * bridge the serial gaps between matmuls of one token, short enough that an
- * idle engine stops burning CPU almost at once. */
+/* How long an idle thread keeps spinning before it sleeps: long enough to
+ * bridge the serial gaps between the matmuls of a token, short enough that an
+ * idle engine stops burning CPU almost at once. After the first SPIN_NS_PURE
+ * the spinner also calls sched_yield, so that on an oversubscribed machine the
+ * thread it waits for can run on its core. */
+#define SPIN_NS_PURE 20000L
 #define SPIN_NS_WORKER 200000L
-#define SPIN_NS_CALLER 2000000L
+#define SPIN_NS_CALLER 1000000L
+
+typedef void (*task_fn)(void *ctx, int begin, int end);
 
 struct worker {
     struct df_pool *pool;
@@ -39,21 +53,23 @@ struct worker {
 };
 
 struct df_pool {
-    int n;              /* threads including the caller */
-    int n_started;      /* workers actually running (n - 1 unless creation failed) */
+    int n;         /* threads including the caller = slots per job */
+    int n_started; /* workers running */
     pthread_t *threads;
     struct worker *workers;
     pthread_mutex_t call_mu;
+    uint32_t next_gen; /* caller side only, under call_mu */
 
-    /* job description: written by the caller before `gen` is released */
-    void (*fn)(void *ctx, int begin, int end);
-    void *ctx;
-    int total, align;
+    /* job description, written before `state` is released */
+    _Atomic(task_fn) fn;
+    _Atomic(void *) ctx;
+    _Atomic int total, align;
 
-    _Alignas(64) _Atomic uint32_t gen;     /* futex word, bumped per job */
-    _Atomic int sleepers;                   /* workers asleep (or about to be) on gen */
+    _Alignas(64) _Atomic uint64_t state; /* gen << 32 | slots claimed */
+    _Alignas(64) _Atomic uint32_t gen;   /* futex word for sleeping workers */
+    _Atomic int sleepers;
     _Atomic int stop;
-    _Alignas(64) _Atomic uint32_t done;    /* futex word: workers finished this job */
+    _Alignas(64) _Atomic uint32_t done;  /* futex word: slots finished */
     _Atomic int caller_sleeping;
 };
 
@@ -81,8 +97,8 @@ static void futex_wake(_Atomic uint32_t *addr) {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 #else
-/* Without futexes the sleep degrades to short naps; correctness is unchanged
- * because every wait re-checks its condition. */
+/* Without futexes the sleep degrades to short naps; every wait re-checks its
+ * condition, so correctness is unchanged. */
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
     (void)addr, (void)val;
     struct timespec ts = {0, 50000};
@@ -91,8 +107,34 @@ static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
 static void futex_wake(_Atomic uint32_t *addr) { (void)addr; }
 #endif
 
-/* Range of thread i: whole `align` chunks, the first (chunks % n) threads get
- * one more, so ranges are contiguous, ordered and cover [0, total). */
+/* Spin-then-sleep until *word != val. `sleepers`/`flag`: the counter or flag
+ * the waking side checks before its futex_wake. */
+static void wait_change(_Atomic uint32_t *word, uint32_t val, _Atomic int *sleepers,
+                        long spin_ns) {
+    long t0 = 0;
+    for (unsigned spin = 1;; spin++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != val) return;
+        if ((spin & 127) == 0) {
+            long t = now_ns();
+            if (!t0) {
+                t0 = t;
+            } else if (t - t0 > spin_ns) {
+                atomic_fetch_add(sleepers, 1);
+                if (atomic_load(word) == val) futex_wait(word, val);
+                atomic_fetch_sub(sleepers, 1);
+                t0 = 0;
+                continue;
+            } else if (t - t0 > SPIN_NS_PURE) {
+                sched_yield();
+                continue;
+            }
+        }
+        cpu_relax();
+    }
+}
+
+/* Range of slot i: whole `align` chunks, the first (chunks % n) slots get one
+ * more, so the ranges are contiguous, ordered and cover [0, total). */
 static void range_of(int total, int align, int n, int i, int *b, int *e) {
     long chunks = ((long)total + align - 1) / align;
     long base = chunks / n, rem = chunks % n;
@@ -103,39 +145,40 @@ static void range_of(int total, int align, int n, int i, int *b, int *e) {
     *e = (int)(hi < total ? hi : total);
 }
 
+/* Claims and runs slots of job `g` until none is left; returns slots run. */
+static int run_slots(struct df_pool *p, uint32_t g) {
+    int ran = 0;
+    uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(s >> 32) != g || (uint32_t)s >= (uint32_t)p->n) return ran;
+        /* read before the claim; a successful claim proves they belong to job g */
+        task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        int total = atomic_load_explicit(&p->total, memory_order_relaxed);
+        int align = atomic_load_explicit(&p->align, memory_order_relaxed);
+        if (!atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        int b, e;
+        range_of(total, align, p->n, (int)(uint32_t)s, &b, &e);
+        if (b < e) fn(ctx, b, e);
+        ran++;
+        uint32_t d = atomic_fetch_add(&p->done, 1) + 1;
+        if (d == (uint32_t)p->n && atomic_load(&p->caller_sleeping)) futex_wake(&p->done);
+        s = atomic_load_explicit(&p->state, memory_order_acquire);
+    }
+}
+
 static void *worker_main(void *arg) {
     struct worker *w = arg;
     struct df_pool *p = w->pool;
     tl_running = p;
-    uint32_t seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+    uint32_t seen = 0; /* gen was 0 when the pool was made */
     for (;;) {
-        uint32_t g;
-        long t0 = 0;
-        for (unsigned spin = 0;; spin++) {
-            g = atomic_load_explicit(&p->gen, memory_order_acquire);
-            if (g != seen) break;
-            if ((spin & 255) == 255) {
-                long t = now_ns();
-                if (!t0) {
-                    t0 = t;
-                } else if (t - t0 > SPIN_NS_WORKER) {
-                    atomic_fetch_add(&p->sleepers, 1);
-                    g = atomic_load(&p->gen);
-                    if (g == seen) futex_wait(&p->gen, seen);
-                    atomic_fetch_sub(&p->sleepers, 1);
-                    t0 = 0;
-                    continue;
-                }
-            }
-            cpu_relax();
-        }
-        seen = g;
+        wait_change(&p->gen, seen, &p->sleepers, SPIN_NS_WORKER);
+        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
-        int b, e;
-        range_of(p->total, p->align, p->n, w->index, &b, &e);
-        if (b < e) p->fn(p->ctx, b, e);
-        atomic_fetch_add(&p->done, 1);
-        if (atomic_load(&p->caller_sleeping)) futex_wake(&p->done);
+        run_slots(p, seen);
     }
     return NULL;
 }
@@ -146,6 +189,11 @@ df_pool *df_pool_new(int n_threads) {
     struct df_pool *p = df_xcalloc(1, sizeof *p);
     p->n = n_threads;
     pthread_mutex_init(&p->call_mu, NULL);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->ctx, NULL);
+    atomic_init(&p->total, 0);
+    atomic_init(&p->align, 1);
+    atomic_init(&p->state, 0);
     atomic_init(&p->gen, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->sleepers, 0);
@@ -160,7 +208,7 @@ df_pool *df_pool_new(int n_threads) {
                 break;
             p->n_started++;
         }
-        /* Fewer threads than asked (resource limits) still works, just slower. */
+        /* Fewer threads than asked (resource limits) still works. */
         p->n = p->n_started + 1;
     }
     return p;
@@ -188,45 +236,31 @@ void df_pool_for(df_pool *p, int n, int align, void (*fn)(void *ctx, int begin, 
                  void *ctx) {
     if (n <= 0) return;
     if (align < 1) align = 1;
-    /* Serial cases: no workers, a nested call, or everything fits in thread 0's
-     * first chunk (then waking workers only costs time). */
+    /* Serial cases: no workers, a nested call, or all of it fits in one chunk. */
     if (!p || p->n == 1 || tl_running || n <= align) {
         fn(ctx, 0, n);
         return;
     }
     pthread_mutex_lock(&p->call_mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->total = n;
-    p->align = align;
+    uint32_t g = ++p->next_gen;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->total, n, memory_order_relaxed);
+    atomic_store_explicit(&p->align, align, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the job, orders vs sleepers */
+    atomic_store_explicit(&p->state, (uint64_t)g << 32, memory_order_release);
+    atomic_store(&p->gen, g); /* seq_cst: orders against `sleepers` below */
     if (atomic_load(&p->sleepers) > 0) futex_wake(&p->gen);
 
-    int b, e;
-    range_of(n, align, p->n, 0, &b, &e);
     tl_running = p;
-    if (b < e) fn(ctx, b, e);
+    run_slots(p, g);
     tl_running = NULL;
 
-    uint32_t want = (uint32_t)(p->n - 1);
-    long t0 = 0;
-    for (unsigned spin = 0;; spin++) {
+    /* wait for slots that workers claimed and are still running */
+    for (;;) {
         uint32_t d = atomic_load_explicit(&p->done, memory_order_acquire);
-        if (d == want) break;
-        if ((spin & 255) == 255) {
-            long t = now_ns();
-            if (!t0) {
-                t0 = t;
-            } else if (t - t0 > SPIN_NS_CALLER) {
-                atomic_store(&p->caller_sleeping, 1);
-                d = atomic_load(&p->done);
-                if (d != want) futex_wait(&p->done, d);
-                atomic_store(&p->caller_sleeping, 0);
-                continue;
-            }
-        }
-        cpu_relax();
+        if (d == (uint32_t)p->n) break;
+        wait_change(&p->done, d, &p->caller_sleeping, SPIN_NS_CALLER);
     }
     pthread_mutex_unlock(&p->call_mu);
 }

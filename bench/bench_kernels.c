@@ -1,0 +1,243 @@
+/*
+ * bench_kernels.c - kernel speed against the machine's memory bandwidth.
+ *
+ * 1. memory read bandwidth: threads stream over a buffer far larger than the
+ *    caches (median of several runs); printed as `membw_gbs <GB/s>` for
+ *    bench/run.sh.
+ * 2. pool dispatch cost: the same short job on 1 and on N threads.
+ * 3. BF16 GEMV (T=1) and small GEMM (T=64) for [2048 x 2048] and [768 x 2048]
+ *    weights on every ISA path: weight GB/s, fraction of memory bandwidth, and
+ *    time per token. The weights cycle through many copies (>> L3), so decode
+ *    is measured against RAM as it is in a real model, not against the cache.
+ *
+ * Build: make B=build build/bench_kernels   (also part of `make bench`)
+ * Run:   build/bench_kernels [--threads N] [--mem-mib M] [--isa c|avx2|avx512]
+ *        (bench/run.sh reads the `membw_gbs` line)
+ */
+#include "kernels/kernels.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- memory read bandwidth -------------------------------------------------- */
+
+struct rd_ctx {
+    const uint64_t *buf;
+    int vec;
+    uint64_t sink[64];
+};
+
+#define BLOCK_WORDS 131072 /* 1 MiB of uint64 */
+
+static uint64_t read_scalar(const uint64_t *p, size_t n) {
+    /* 8 independent accumulators so the loop is bound by loads, not by xor */
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (size_t i = 0; i < n; i += 8) {
+        a0 ^= p[i], a1 ^= p[i + 1], a2 ^= p[i + 2], a3 ^= p[i + 3];
+        a4 ^= p[i + 4], a5 ^= p[i + 5], a6 ^= p[i + 6], a7 ^= p[i + 7];
+    }
+    return a0 ^ a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ a7;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* 32-byte loads like the kernels' (only called when AVX2 is usable) */
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint64_t *p, size_t n) {
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i < n; i += 16) {
+        a = _mm256_xor_si256(a, _mm256_load_si256((const __m256i *)(p + i)));
+        b = _mm256_xor_si256(b, _mm256_load_si256((const __m256i *)(p + i + 4)));
+        c = _mm256_xor_si256(c, _mm256_load_si256((const __m256i *)(p + i + 8)));
+        d = _mm256_xor_si256(d, _mm256_load_si256((const __m256i *)(p + i + 12)));
+    }
+    a = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+    return (uint64_t)_mm256_extract_epi64(a, 0) ^ (uint64_t)_mm256_extract_epi64(a, 3);
+}
+#endif
+
+static void rd_task(void *arg, int b, int e) {
+    struct rd_ctx *c = arg;
+    const uint64_t *p = c->buf + (size_t)b * BLOCK_WORDS;
+    size_t n = (size_t)(e - b) * BLOCK_WORDS;
+    uint64_t r;
+#if defined(__x86_64__)
+    r = c->vec ? read_avx2(p, n) : read_scalar(p, n);
+#else
+    r = read_scalar(p, n);
+#endif
+    c->sink[b % 64] = r;
+}
+
+/* One timed pass over `mib` MiB; GB/s. */
+static double mem_read_once(df_pool *pool, const uint64_t *buf, size_t mib) {
+    struct rd_ctx c = {buf, df_isa_detect() >= DF_ISA_AVX2, {0}};
+    double t0 = df_now();
+    df_pool_for(pool, (int)mib, 1, rd_task, &c);
+    return (double)mib * 1048576.0 / (df_now() - t0) / 1e9;
+}
+
+static double mem_read_gbs(df_pool *pool, const uint64_t *buf, size_t mib, int reps) {
+    double v[64];
+    mem_read_once(pool, buf, mib); /* warm-up */
+    for (int r = 0; r < reps; r++) v[r] = mem_read_once(pool, buf, mib);
+    return median(v, reps);
+}
+
+/* ---- pool dispatch ---------------------------------------------------------- */
+
+/* A job of n items, each a short dependent integer chain (~1 ns), so the
+ * split and the dispatch are what is measured. */
+static void work_task(void *arg, int b, int e) {
+    _Atomic uint64_t *sink = arg;
+    uint64_t h = (uint64_t)b;
+    for (int i = b; i < e; i++)
+        for (int j = 0; j < 4; j++) h = h * 6364136223846793005ull + 1442695040888963407ull;
+    atomic_fetch_add_explicit(sink, h, memory_order_relaxed);
+}
+
+/* Time per df_pool_for of an n-item job (median of batches). */
+static double pool_call_us(df_pool *pool, int n) {
+    _Atomic uint64_t sink = 0;
+    double v[9];
+    for (int r = 0; r < 9; r++) {
+        int calls = 2000;
+        double t0 = df_now();
+        for (int i = 0; i < calls; i++) df_pool_for(pool, n, 16, work_task, &sink);
+        v[r] = (df_now() - t0) / calls * 1e6;
+    }
+    return median(v, 9);
+}
+
+/* ---- matmul ----------------------------------------------------------------- */
+
+struct mm_res {
+    double ms_call, gbs, us_tok, membw;
+};
+
+/* Runs df_matmul over consecutive copies of the weights in `wbig` (cycling)
+ * until `budget` seconds pass; median of `reps` such rounds. */
+/* A memory-bandwidth pass (256 MiB) runs before each round, so each row's
+ * fraction of bandwidth compares numbers taken at the same time: this machine
+ * is shared and its bandwidth drifts. */
+static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_total,
+                              int N, int K, int T, float *x, float *y, double budget, int reps) {
+    size_t mbytes = (size_t)N * K * 2;
+    size_t copies = wbytes_total / mbytes;
+    if (copies < 1) copies = 1;
+    double v[16], bwv[16];
+    size_t ci = 0;
+    df_matmul(pool, y, N, x, K, wbig, DF_DT_BF16, T, N, K); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, 256);
+        int calls = 0;
+        double t0 = df_now(), t;
+        do {
+            df_matmul(pool, y, N, x, K, wbig + (ci % copies) * mbytes, DF_DT_BF16, T, N, K);
+            ci++;
+            calls++;
+            t = df_now();
+        } while (t - t0 < budget);
+        v[r] = (t - t0) / calls;
+    }
+    double s = median(v, reps);
+    struct mm_res res = {s * 1e3, (double)mbytes / s / 1e9, s / T * 1e6, median(bwv, reps)};
+    return res;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2;
+    size_t mem_mib = 1024;
+    int only_isa = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mem-mib") && i + 1 < argc) mem_mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = df_isa_from_name(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (threads < 1) threads = 1;
+    if (mem_mib < 64) mem_mib = 64;
+
+    df_pool *pool = df_pool_new(threads), *pool1 = df_pool_new(1);
+    uint64_t *buf = df_aligned_alloc(mem_mib << 20);
+    /* BF16 values in [-2, 2) with random mantissas, so no value is special */
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (size_t i = 0; i < (mem_mib << 20) / 8; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        buf[i] = (s & 0x807f807f807f807full) | 0x3f003f003f003f00ull;
+    }
+
+    printf("# memory read bandwidth (%zu MiB buffer, median of 9)\n", mem_mib);
+    double bw1 = mem_read_gbs(pool1, buf, mem_mib, 9);
+    double bw = mem_read_gbs(pool, buf, mem_mib, 9);
+    printf("membw_1thread_gbs %.2f\n", bw1);
+    printf("membw_gbs %.2f\n", bw);
+    {
+        /* the same job on 1 and on `threads` threads: the excess over the ideal
+         * split is the dispatch cost (wake-up, claim, completion wait) */
+        double t1 = pool_call_us(pool1, 4000), tn = pool_call_us(pool, 4000);
+        printf("# pool: a %.1f us job takes %.2f us on %d threads (ideal %.2f): dispatch ~%.2f us\n",
+               t1, tn, threads, t1 / threads, tn - t1 / threads);
+    }
+
+    int Ts[2] = {1, 64};
+    int shapes[2][2] = {{2048, 2048}, {768, 2048}};
+    int Kmax = 2048;
+    float *x = df_aligned_alloc((size_t)64 * Kmax * 4);
+    float *y = df_aligned_alloc((size_t)64 * 2048 * 4);
+    for (int i = 0; i < 64 * Kmax; i++) x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
+
+    printf("\n# BF16 matmul, weights cycling over %zu MiB; GB/s = weight bytes / time\n", mem_mib);
+    printf("%-7s %-11s %4s %3s %10s %8s %8s %8s %10s %9s\n", "isa", "N x K", "T", "thr",
+           "ms/call", "GB/s", "membw", "of_membw", "us/token", "vs_T=1");
+    for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
+        if (only_isa >= 0 && isa != only_isa) continue;
+        df_isa_set((df_isa)isa);
+        for (int si = 0; si < 2; si++) {
+            int N = shapes[si][0], K = shapes[si][1];
+            double tok1 = 0;
+            for (int ti = 0; ti < 2; ti++) {
+                int T = Ts[ti];
+                /* the C path is ~100x slower; keep its runs short */
+                double budget = isa == DF_ISA_C ? 0.2 : 0.25;
+                int reps = isa == DF_ISA_C ? 3 : 5;
+                struct mm_res r =
+                    bench_mm(pool, (const uint8_t *)buf, mem_mib << 20, N, K, T, x, y, budget, reps);
+                if (T == 1) tok1 = r.us_tok;
+                char shape[32];
+                snprintf(shape, sizeof shape, "%dx%d", N, K);
+                printf("%-7s %-11s %4d %3d %10.3f %8.2f %8.2f %8.2f %10.1f %8.1fx\n",
+                       df_isa_name((df_isa)isa), shape, T, threads, r.ms_call, r.gbs, r.membw,
+                       r.gbs / r.membw, r.us_tok, tok1 / r.us_tok);
+                fflush(stdout);
+            }
+        }
+    }
+    /* single-thread decode for reference */
+    df_isa_set(df_isa_detect());
+    struct mm_res r1 = bench_mm(pool1, (const uint8_t *)buf, mem_mib << 20, 2048, 2048, 1, x, y, 0.25, 5);
+    printf("%-7s %-11s %4d %3d %10.3f %8.2f %8.2f %8.2f %10.1f\n", df_isa_name(df_isa_detect()),
+           "2048x2048", 1, 1, r1.ms_call, r1.gbs, r1.membw, r1.gbs / r1.membw, r1.us_tok);
+    printf("# membw column: read bandwidth with the same thread count, measured between\n"
+           "# the rounds of that row (medians); membw_gbs above: %.2f GB/s\n", bw);
+
+    free(x);
+    free(y);
+    free(buf);
+    df_pool_free(pool);
+    df_pool_free(pool1);
+    return 0;
+}

@@ -1,0 +1,222 @@
+/*
+ * matmul_avx2.c - the AVX2+FMA+F16C path of the products and conversions
+ * (compiled with those flags; only called when isa.c found CPU and OS support).
+ *
+ * The contract's 16 lanes are two __m256 accumulators per output: elements
+ * 16i..16i+7 go to `lo` (lanes 0-7), 16i+8..16i+15 to `hi` (lanes 8-15), each
+ * with _mm256_fmadd_ps. The reduction lo+hi is the contract's lanes[i] +=
+ * lanes[i+8] step, followed by +4, +2, +1, so results match the C and AVX-512
+ * paths bit for bit. The tail (K % 16 elements) is copied into zeroed stack
+ * buffers and run through the same step, so padded lanes see fma(0, 0, lane).
+ *
+ * Tiles: T == 1 does 4 rows at once (8 accumulators); T > 1 a 3-row x 2-token
+ * tile (12 accumulators + 3 weights + 1 activation = the 16 registers; it
+ * measured a little faster than 2x3 and 2x2 on Zen 5).
+ */
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void *w,
+                         df_dtype wt, int T, int n0, int n1, int K);
+float df_dot_f32_avx2(const float *a, const float *b, int n);
+void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
+void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
+void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
+
+#define INL static inline __attribute__((always_inline))
+
+#ifndef TN
+#define TN 3
+#endif
+#ifndef TT
+#define TT 2
+#endif
+#ifndef GN
+#define GN 4
+#endif
+#define MAXN 4
+
+INL __m256 ld8(const char *p, int dt) {
+    if (dt == DF_DT_F32) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dt == DF_DT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* lo + hi is lanes[i] += lanes[i+8]; then +4, +2, +1 */
+INL float hsum2x8(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
+INL void step(__m256 acc[MAXN][TT][2], const char *const *wp, const float *const *xp, int dt,
+              int RN, int RT) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    #pragma GCC unroll 8
+    for (int h = 0; h < 2; h++) {
+        __m256 wv[MAXN];
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) wv[r] = ld8(wp[r] + h * 8 * es, dt);
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) {
+            __m256 xv = _mm256_loadu_ps(xp[t] + h * 8);
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++) acc[r][t][h] = _mm256_fmadd_ps(wv[r], xv, acc[r][t][h]);
+        }
+    }
+}
+
+INL void tile(float *y, int ldy, const float *x, int ldx, const char *w, size_t rs, int K,
+              int dt, int RN, int RT, int pf) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    __m256 acc[MAXN][TT][2];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    const char *wp[MAXN];
+    const float *xp[TT];
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) {
+            wp[r] = w + r * rs + (size_t)k * es;
+            if (pf) _mm_prefetch(wp[r] + pf, _MM_HINT_T1);
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) xp[t] = x + (size_t)t * ldx + k;
+        step(acc, wp, xp, dt, RN, RT);
+    }
+    if (k < K) {
+        int rem = K - k;
+        _Alignas(32) char wb[MAXN][64];
+        _Alignas(32) float xb[TT][16];
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) {
+            memset(wb[r], 0, sizeof wb[r]);
+            memcpy(wb[r], w + r * rs + (size_t)k * es, (size_t)rem * es);
+            wp[r] = wb[r];
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) {
+            memset(xb[t], 0, sizeof xb[t]);
+            memcpy(xb[t], x + (size_t)t * ldx + k, (size_t)rem * 4);
+            xp[t] = xb[t];
+        }
+        step(acc, wp, xp, dt, RN, RT);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum2x8(acc[r][t][0], acc[r][t][1]);
+}
+
+/* RN rows for nt tokens: full TT-token tiles, then one tile for the rest. */
+_Static_assert(TT == 2, "strip() has a case for each leftover count 1..TT-1");
+INL void strip(float *y, int ldy, const float *x, int ldx, const char *w, size_t rs, int K, int dt,
+               int RN, int nt) {
+    int t = 0, tf = nt - nt % TT;
+    for (; t < tf; t += TT)
+        tile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, K, dt, RN, TT, 0);
+    if (nt > tf) tile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, K, dt, RN, 1, 0);
+}
+
+/* Rows [n0, n1) for tokens [0, T) of one dtype; dt is a constant after inlining. */
+INL void rows(float *y, int ldy, const float *x, int ldx, const char *w, int dt, int T, int n0,
+              int n1, int K) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    const size_t rs = (size_t)K * es;
+    if (T == 1) {
+        /* prefetch: see matmul_avx512.c */
+        int pf = GN * rs <= (32u << 10) ? (int)(GN * rs) : 2048;
+        int n = n0;
+        for (; n + GN <= n1; n += GN) tile(y + n, ldy, x, ldx, w + n * rs, rs, K, dt, GN, 1, pf);
+        for (; n < n1; n++) tile(y + n, ldy, x, ldx, w + n * rs, rs, K, dt, 1, 1, 0);
+        return;
+    }
+    /* token blocks as in matmul_avx512.c (smaller: AVX2-era L2s are smaller) */
+    int tb = (int)(((size_t)192 << 10) / ((size_t)(K ? K : 1) * 4));
+    tb = tb < TT ? TT : tb - tb % TT;
+    for (int t0 = 0; t0 < T; t0 += tb) {
+        int t1 = t0 + tb < T ? t0 + tb : T;
+        const float *xb = x + (size_t)t0 * ldx;
+        float *yb = y + (size_t)t0 * ldy;
+        int nt = t1 - t0;
+        for (int n = n0; n < n1;) {
+            const char *wn = w + n * rs;
+            int rn = n + TN <= n1 ? TN : n + 2 <= n1 ? 2 : 1;
+            if (rn == TN) strip(yb + n, ldy, xb, ldx, wn, rs, K, dt, TN, nt);
+            else if (rn == 2) strip(yb + n, ldy, xb, ldx, wn, rs, K, dt, 2, nt);
+            else strip(yb + n, ldy, xb, ldx, wn, rs, K, dt, 1, nt);
+            n += rn;
+        }
+    }
+}
+
+static void rows_f32(float *y, int ldy, const float *x, int ldx, const void *w, int T, int n0,
+                     int n1, int K) {
+    rows(y, ldy, x, ldx, w, DF_DT_F32, T, n0, n1, K);
+}
+static void rows_f16(float *y, int ldy, const float *x, int ldx, const void *w, int T, int n0,
+                     int n1, int K) {
+    rows(y, ldy, x, ldx, w, DF_DT_F16, T, n0, n1, K);
+}
+static void rows_bf16(float *y, int ldy, const float *x, int ldx, const void *w, int T, int n0,
+                      int n1, int K) {
+    rows(y, ldy, x, ldx, w, DF_DT_BF16, T, n0, n1, K);
+}
+
+void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void *w,
+                         df_dtype wt, int T, int n0, int n1, int K) {
+    switch (wt) {
+    case DF_DT_F32: rows_f32(y, ldy, x, ldx, w, T, n0, n1, K); break;
+    case DF_DT_F16: rows_f16(y, ldy, x, ldx, w, T, n0, n1, K); break;
+    default: rows_bf16(y, ldy, x, ldx, w, T, n0, n1, K); break;
+    }
+}
+
+float df_dot_f32_avx2(const float *a, const float *b, int n) {
+    float y;
+    tile(&y, 1, b, 0, (const char *)a, 0, n, DF_DT_F32, 1, 1, 0);
+    return y;
+}
+
+void df_axpy_f32_avx2(float *y, float a, const float *x, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) {
+        /* same single rounding as the vector body, without a libm call */
+        __m128 r = _mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i]));
+        y[i] = _mm_cvtss_f32(r);
+    }
+}
+
+void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n) {
+    if (t != DF_DT_F16 && t != DF_DT_BF16) {
+        df_to_f32_c(dst, src, t, n);
+        return;
+    }
+    const char *s = src;
+    size_t i = 0;
+    if (t == DF_DT_F16) {
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld8(s + 2 * i, DF_DT_F16));
+    } else {
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld8(s + 2 * i, DF_DT_BF16));
+    }
+    if (i < n) {
+        _Alignas(32) uint16_t b[8] = {0};
+        _Alignas(32) float f[8];
+        memcpy(b, s + 2 * i, (n - i) * 2);
+        _mm256_storeu_ps(f, ld8((const char *)b, t == DF_DT_F16 ? DF_DT_F16 : DF_DT_BF16));
+        memcpy(dst + i, f, (n - i) * 4);
+    }
+}
+
+#endif
