@@ -74,7 +74,10 @@ test: $(B)/deltafin $(B)/deltafin-san $(TEST_BIN) $(FUZZ_BIN)
 $(B)/bench_kernels: bench/bench_kernels.c $(B)/libdeltafin.a
 	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
 
-bench: $(B)/deltafin $(B)/bench_kernels
+$(B)/bench_io: bench/bench_io.c
+	$(CC) $(BASE_CFLAGS) $(OPT) $< $(LDLIBS) -o $@
+
+bench: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io
 	@B=$(B) bash bench/run.sh
 
 demo: $(B)/deltafin

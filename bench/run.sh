@@ -28,7 +28,7 @@ if [ ! -f "$M/config.json" ]; then
     /usr/bin/python3 tools/gen_checkpoint.py --out "$M" --arch qwen3_moe --seed 5 --dtype bf16 \
         --vocab 151936 --hidden 2048 --intermediate 6144 --layers 8 --heads 32 --kv-heads 4 \
         --head-dim 128 --experts 128 --top-k 8 --moe-intermediate 768 --norm-topk-prob 1 \
-        --tie-embeddings 1 --max-pos 4096 --max-shard-size 4000000000
+        --tie-embeddings 1 --max-pos 4096 --max-shard-size 4000000000 --fast-init
 fi
 # Warm the page cache so this measures compute against RAM, not the disk.
 cat "$M"/*.safetensors >/dev/null
@@ -50,3 +50,55 @@ gbs = statistics.median(float(r[4]) for r in rows)
 print(f"median prefill {pf:.2f} tok/s, decode {dc:.2f} tok/s, prefill/decode per token {pf/dc:.2f}x")
 print(f"decode active-weight bandwidth {gbs:.2f} GB/s = {gbs/membw:.2f} of measured memory bandwidth {membw:.2f} GB/s" if membw else "no memory bandwidth measured")
 PYEOF
+
+# ---- expert streaming: experts >= 3x the budget, cold cache ------------------------
+PACK=$M-pack
+if [ ! -f "$PACK/manifest.json" ]; then
+    say "packing $M into $PACK"
+    "$B/deltafin" pack --model "$M" --out "$PACK"
+fi
+BUDGET=${BUDGET:-3G}
+NEW=${NEW:-128}
+EXPERT_BYTES=$("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p')
+RECORD=$((EXPERT_BYTES / 1024))  # 8 layers x 128 experts: one record
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || say "(cannot drop caches: not root)"; }
+drop
+IOBW=$("$B/bench_io" -s "$RECORD" -d 8 -t 5 "$PACK/experts.bin" | tee -a "$LOG" | awk '{print $2}')
+say ""
+say "## streaming decode: budget $BUDGET, experts $((EXPERT_BYTES / 1048576)) MiB, $NEW tokens, teacher-forced, cold cache, O_DIRECT bandwidth $IOBW GB/s"
+P16=$(/usr/bin/python3 -c 'import random; r=random.Random(4); print(",".join(str(r.randrange(1000, 100000)) for _ in range(16)))')
+EV=$OUT/stream-events
+mkdir -p "$EV"
+for i in $(seq "$REPS"); do
+    for arm in pack pagecache; do
+        extra=()
+        [ $arm = pack ] && extra=(--experts "$PACK")
+        drop
+        "$B/deltafin" run --model "$M" --prompt-tokens "$P16" --max-new "$NEW" --temp 0 --threads 2 \
+            --print-ids --ram-budget "$BUDGET" --teacher-force 7 --io-bw "$IOBW" \
+            --events "$EV/$arm-$i.jsonl" "${extra[@]}" >/dev/null 2>"$EV/$arm-$i.err" || {
+            say "run failed: $(tail -1 "$EV/$arm-$i.err")"; continue; }
+        say "$arm rep $i: $(grep '"summary"' "$EV/$arm-$i.jsonl")"
+    done
+done
+/usr/bin/python3 - "$EV" "$IOBW" <<'PYEOF' | tee -a "$LOG"
+import glob, json, statistics, sys
+ev, iobw = sys.argv[1], float(sys.argv[2])
+for arm in ("pack", "pagecache"):
+    rows = []
+    for f in sorted(glob.glob(f"{ev}/{arm}-*.jsonl")):
+        for line in open(f):
+            d = json.loads(line)
+            if d.get("event") == "summary":
+                rows.append(d)
+    if not rows:
+        continue
+    med = lambda k: statistics.median(r[k] for r in rows)
+    tps, per_tok = med("tokens_per_s"), med("bytes_missed_per_token")
+    bound = iobw * 1e9 / per_tok if per_tok else 0
+    hit = med("expert_hits") / max(1, med("expert_hits") + med("expert_misses"))
+    print(f"{arm:9s}: median {tps:.3f} tok/s (min {min(r['tokens_per_s'] for r in rows):.3f}, max {max(r['tokens_per_s'] for r in rows):.3f}), "
+          f"{per_tok/1e6:.1f} MB missed/token, hit rate {hit:.3f}, read wait {med('read_wait_s'):.1f} s, "
+          f"peak RSS {med('peak_rss_bytes')/2**20:.0f} MiB; I/O bound {bound:.3f} tok/s -> {tps/bound if bound else 0:.2f} of bound")
+PYEOF
+say "results in $OUT"

@@ -58,6 +58,7 @@ typedef struct opts {
     const char *experts, *events;
     uint64_t ram_budget, expert_cache;
     double io_bw;
+    long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     bool chat, think, print_ids, help, stats;
     int max_new, threads, ctx, batch;
     df_sampler_params sp;
@@ -163,6 +164,7 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--experts")) o->experts = v;
         else if (!strcmp(a, "--events")) o->events = v;
         else if (!strcmp(a, "--ram-budget")) o->ram_budget = parse_size(a, v);
+        else if (!strcmp(a, "--teacher-force")) o->teacher_seed = parse_long(a, v, 1, LONG_MAX);
         else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
         else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
@@ -294,6 +296,8 @@ static const char RUN_HELP[] =
     "  --stats              per-token and summary statistics on stderr: tokens/s, expert\n"
     "                       bytes read, cache hits/misses, read wait vs compute, bandwidth\n"
     "  --events FILE        the same statistics as JSON lines\n"
+    "  --teacher-force SEED benchmarking: feed seeded random tokens instead of the sampled\n"
+    "                       ones, so routing cannot settle into a loop\n"
     "  --io-bw GB/S         measured device bandwidth: --stats then reports the I/O bound\n"
     "                       (bandwidth / bytes missed per token) and the fraction reached\n";
 
@@ -302,7 +306,7 @@ static int cmd_run(int argc, char **argv) {
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw ");
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
@@ -362,8 +366,13 @@ static int cmd_run(int argc, char **argv) {
     int n_decoded = 0;
     df_text_stream ts = {0};
     char buf[4096];
+    uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
     for (int step = 0; step < o.max_new; step++) {
         int32_t t = df_sampler_sample(smp, logits, V, hist, (int)nh);
+        if (o.teacher_seed) {
+            tf = tf * 6364136223846793005ull + 1442695040888963407ull;
+            t = (int32_t)((tf >> 33) % (uint64_t)V);
+        }
         hist[nh++] = t;
         if (o.print_ids) {
             printf("%s%d", step ? " " : "", t);
@@ -372,7 +381,7 @@ static int cmd_run(int argc, char **argv) {
             fwrite(buf, 1, w, stdout);
         }
         fflush(stdout);
-        if (df_is_stop_token(e, t)) break;
+        if (df_is_stop_token(e, t) && !o.teacher_seed) break;
         if (step + 1 == o.max_new) break;
         if (df_session_pos(s) + 1 > ctx) {
             fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
