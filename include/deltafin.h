@@ -55,6 +55,9 @@ typedef struct df_engine_opts {
                               0 = min(model maximum, 4096) */
     uint64_t expert_cache; /* bytes of expert cache slots, overriding what the
                               budget leaves (0 = derive from ram_budget) */
+    const char *cache_policy; /* "deltafin" (default) or "lru" */
+    uint64_t pin_bytes;    /* pinned tier: hottest experts (persisted heat) read
+                              in at start-up and never evicted */
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -93,6 +96,7 @@ typedef struct df_stats {
     uint64_t expert_bytes_read;
     uint64_t expert_rereads;    /* checksum mismatches read again */
     int cache_slots;            /* expert slots in RAM */
+    int pinned_experts;         /* read in at start-up from the persisted heat */
     uint64_t cache_bytes;
     const char *expert_source;  /* "resident", "pack" or "safetensors" */
     int direct_io;              /* pack read with O_DIRECT */

@@ -132,7 +132,8 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
     } else {
         cache = UINT64_MAX / 2; /* every expert */
     }
-    df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache};
+    df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache,
+                        .policy = o->cache_policy, .pin_bytes = o->pin_bytes};
     int rc = df_store_open(&e->store, m, &so, err);
     free(dirs_buf);
     return rc;
@@ -248,6 +249,7 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->expert_bytes_read = s.bytes_read;
     o->expert_rereads = s.rereads;
     o->cache_slots = df_store_slots(e->store);
+    o->pinned_experts = df_store_pinned(e->store);
     o->cache_bytes = (uint64_t)df_store_slots(e->store) * df_store_slot_bytes(e->store);
     o->expert_source = df_store_source(e->store);
     o->direct_io = df_store_direct(e->store);

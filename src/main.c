@@ -55,8 +55,8 @@ static double now_s(void) {
 
 typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
-    const char *experts, *events;
-    uint64_t ram_budget, expert_cache;
+    const char *experts, *events, *policy;
+    uint64_t ram_budget, expert_cache, pin;
     double io_bw;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     bool chat, think, print_ids, help, stats;
@@ -166,6 +166,8 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--ram-budget")) o->ram_budget = parse_size(a, v);
         else if (!strcmp(a, "--teacher-force")) o->teacher_seed = parse_long(a, v, 1, LONG_MAX);
         else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
+        else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
+        else if (!strcmp(a, "--policy")) o->policy = v;
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
         else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
@@ -186,7 +188,8 @@ static df_engine *open_engine(const opts *o) {
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
-                         .expert_cache = o->expert_cache};
+                         .expert_cache = o->expert_cache, .cache_policy = o->policy,
+                         .pin_bytes = o->pin};
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
@@ -240,11 +243,11 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
     if (text) {
         fprintf(stderr,
                 "summary: prefill %zu tokens %.3f s (%.2f tok/s) | decode %d tokens %.3f s (%.3f tok/s)\n"
-                "  experts: %s, cache %d slots (%.1f MiB); hits %llu misses %llu (hit rate %.1f%%)\n"
+                "  experts: %s, cache %d slots (%.1f MiB, %d pinned); hits %llu misses %llu (hit rate %.1f%%)\n"
                 "  read %.1f MB (%.2f MB/token) at %.3f GB/s; waiting on reads %.3f s, computing %.3f s\n",
                 n_prompt, prefill_s, prefill_s > 0 ? (double)n_prompt / prefill_s : 0, n_dec, dec_s, tps,
                 b->expert_source, b->cache_slots, (double)b->cache_bytes / 1048576.0,
-                (unsigned long long)hits, (unsigned long long)miss,
+                b->pinned_experts, (unsigned long long)hits, (unsigned long long)miss,
                 hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 0.0, (double)bytes / 1e6,
                 per_tok / 1e6, bw / 1e9, wait, dec_s - wait);
         if (bound > 0)
@@ -293,6 +296,9 @@ static const char RUN_HELP[] =
     "                       gets what the always-active weights and context leave; without\n"
     "                       --experts, experts stream from the safetensors (page cache)\n"
     "  --expert-cache SIZE  size the expert cache directly instead of from --ram-budget\n"
+    "  --policy P           expert cache policy: deltafin (default) or lru\n"
+    "  --pin SIZE           pinned tier: the hottest experts by the heat histogram kept next\n"
+    "                       to the pack (experts.heat) are read at start-up and never evicted\n"
     "  --stats              per-token and summary statistics on stderr: tokens/s, expert\n"
     "                       bytes read, cache hits/misses, read wait vs compute, bandwidth\n"
     "  --events FILE        the same statistics as JSON lines\n"
@@ -306,7 +312,7 @@ static int cmd_run(int argc, char **argv) {
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force ");
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
@@ -469,7 +475,7 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"

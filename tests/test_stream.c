@@ -113,7 +113,7 @@ static void check(const arm *a) {
 /* 8 experts x 2 MoE layers; top-3: one layer's active experts = 3 slots. */
 static void test_pack_every_budget(void **state) {
     (void)state;
-    int slots[] = {1, 2, 3, 5, 8, 16};
+    int slots[] = {1, 2, 3, 5, 8, 16, 64};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
         for (int th = 1; th <= 2; th++) {
             arm a = {pack1, slots[i], th, i % 2 ? 1 : NTOK};
@@ -143,7 +143,7 @@ static void test_safetensors_path(void **state) {
 static void test_stats(void **state) {
     (void)state;
     df_stats all, one;
-    arm a = {pack1, 16, 1, 1};
+    arm a = {pack1, 64, 1, 1}; /* more than every expert: capped to all + transient */
     free(run(&a, &all));
     assert_true(all.expert_misses <= 16);
     assert_int_equal(all.expert_hits + all.expert_misses, all.expert_requests);
@@ -154,6 +154,55 @@ static void test_stats(void **state) {
     assert_true(one.expert_misses > all.expert_misses);
     assert_true(one.expert_bytes_read > all.expert_bytes_read);
     assert_int_equal(one.expert_rereads, 0);
+}
+
+/* The heat histogram persists next to the pack; --pin reads the hottest
+ * experts at start-up; a corrupt heat file is not fatal; lru is exact too. */
+static void test_heat_and_pin(void **state) {
+    (void)state;
+    char heat[400];
+    snprintf(heat, sizeof heat, "%s/experts.heat", pack1);
+    unlink(heat);
+    arm a = {pack1, 8, 1, NTOK};
+    check(&a); /* writes the heat at close */
+    struct stat sb;
+    assert_int_equal(stat(heat, &sb), 0);
+    size_t sz = slot_bytes(pack1);
+    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
+                        .expert_cache = 8 * sz, .pin_bytes = 4 * sz};
+    df_engine *e;
+    df_error err;
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_OK);
+    df_stats st;
+    df_engine_stats(e, &st);
+    assert_int_equal(st.pinned_experts, 4);
+    df_engine_close(e);
+    FILE *f = fopen(heat, "wb");
+    fputs("garbage", f);
+    fclose(f);
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_OK);
+    df_engine_stats(e, &st);
+    assert_int_equal(st.pinned_experts, 0); /* nothing known to pin, but it runs */
+    df_engine_close(e);
+    o.cache_policy = "mru";
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
+    assert_non_null(strstr(err.msg, "mru"));
+    /* lru through the same store */
+    float *got;
+    {
+        df_engine_opts lo = {.model_dir = moe_dir, .n_threads = 2, .experts = pack1,
+                             .expert_cache = 3 * sz, .cache_policy = "lru"};
+        assert_int_equal(df_engine_open(&e, &lo, &err), DF_OK);
+        df_session *s;
+        assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
+        got = malloc(sizeof(float) * (size_t)V * NTOK);
+        for (int i = 0; i < NTOK; i++)
+            assert_int_equal(df_session_eval(s, toks + i, 1, got + (size_t)i * V, 1, &err), DF_OK);
+        df_session_free(s);
+        df_engine_close(e);
+    }
+    assert_memory_equal(ref, got, sizeof(float) * (size_t)V * NTOK);
+    free(got);
 }
 
 static void test_corrupt_record(void **state) {
@@ -213,6 +262,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_every_budget), cmocka_unit_test(test_striped),
         cmocka_unit_test(test_safetensors_path),  cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_heat_and_pin),
         cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_missing_pack),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

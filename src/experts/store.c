@@ -8,10 +8,18 @@
  * streaming from safetensors. Short reads are continued and EINTR/EAGAIN
  * retried; a pack record whose checksum does not match is read once more, then
  * it is an error naming the expert.
+ *
+ * Slots [0, n_cache) belong to the cache policy (policy.h), which decides on
+ * every miss whether the expert is kept and what it displaces; slots
+ * [n_cache, n_slots) are transient: experts the policy chose not to keep are
+ * read there, used by the current layer and forgotten. The policy's heat
+ * histogram is loaded at open and saved at close (next to the pack), and the
+ * hottest experts can be pinned and read in at start-up.
  */
 #include "experts/store.h"
 
 #include "experts/pack.h"
+#include "experts/policy.h"
 
 #include <errno.h>
 #include <liburing.h>
@@ -48,6 +56,14 @@ struct df_store {
     slot *slots;
     int *key_slot;      /* [L * E] -> slot or -1 */
     int L, E;
+    df_cache *cache;    /* policy over slots [0, n_cache) */
+    int n_cache;
+    int *moe_index;     /* model layer -> MoE layer index, -1 for dense */
+    int *moe_layer;     /* MoE layer index -> model layer */
+    char *heat_path;    /* where the heat histogram persists, or NULL */
+    int32_t *slotv;     /* per request: the policy's answer */
+    int32_t *ids32;
+    uint8_t *hitv;
     uint64_t tick;
     df_store_stats st;
     /* current layer */
@@ -58,6 +74,7 @@ struct df_store {
     int *queue;         /* want indices without a slot yet */
     int n_queue;
     int last_slot;      /* handed out by the previous df_store_next */
+    int st_pinned;      /* experts read in at start-up (pinned tier) */
     df_error fail;      /* sticky error from a completion */
     bool failed;
 };
@@ -105,6 +122,77 @@ static void op_geometry(const df_store *s, int layer, int e, int i, int *fd, uin
     *moff = off[i];
 }
 
+/* ---- the cache policy ---------------------------------------------------------------- */
+
+static int complete(df_store *s, struct io_uring_cqe *cqe);
+static void assign(df_store *s, int si, int key);
+
+/* A few transient slots let the policy turn one-off experts away. */
+static int n_transient(const df_store *s) {
+    int top_k = s->m->cfg.num_experts_per_tok;
+    int t = s->n_slots / 8 < top_k ? s->n_slots / 8 : top_k;
+    return t < 1 ? 1 : t;
+}
+
+static int wait_ready(df_store *s, int si, df_error *err) {
+    io_uring_submit(&s->ring);
+    while (s->slots[si].state != SLOT_READY) {
+        if (s->failed) {
+            *err = s->fail;
+            return err->code;
+        }
+        struct io_uring_cqe *cqe;
+        int r = io_uring_wait_cqe(&s->ring, &cqe);
+        if (r == -EINTR) continue;
+        if (r < 0) return df_fail(err, DF_ERR_IO, "io_uring_wait_cqe: %s", strerror(-r));
+        complete(s, cqe);
+    }
+    return DF_OK;
+}
+
+/* Splits the slots between the policy and transient use, loads the persisted
+ * heat, and reads in the pinned experts. */
+static int setup_cache(df_store *s, const df_store_opts *o, int n_moe, df_cache_policy policy,
+                       df_error *err) {
+    int top_k = s->m->cfg.num_experts_per_tok;
+    s->n_cache = s->n_slots - n_transient(s);
+    if (s->n_cache < 1) { /* a single slot: nothing is kept */
+        s->n_cache = 0;
+        return DF_OK;
+    }
+    if (o->heat_path) s->heat_path = df_xstrdup(o->heat_path);
+    else if (s->pack) s->heat_path = df_path_join(df_pack_dir(s->pack, 0), "experts.heat");
+    df_heat heat;
+    int rc = df_heat_init(&heat, n_moe, s->E, 0, err);
+    if (rc) return rc;
+    if (s->heat_path) {
+        df_error why;
+        df_heat_load_result lr = df_heat_load(&heat, s->heat_path, &why);
+        if (lr == DF_HEAT_CORRUPT || lr == DF_HEAT_MISMATCH)
+            fprintf(stderr, "deltafin: warning: %s\n", why.msg);
+    }
+    int n_pin = o->pin_bytes ? (int)(o->pin_bytes / s->slot_bytes) : 0;
+    if (n_pin > s->n_cache) n_pin = s->n_cache;
+    df_cache_opts co = {.n_layers = n_moe, .n_experts = s->E, .top_k = top_k,
+                        .n_slots = s->n_cache, .policy = policy, .initial_heat = &heat,
+                        .n_pinned = n_pin};
+    rc = df_cache_new(&s->cache, &co, err);
+    df_heat_free(&heat);
+    if (rc) return rc;
+    s->st_pinned = 0;
+    /* The pinned tier is read in now, so it is warm from the first token. */
+    for (int si = 0; si < s->n_cache; si++) {
+        int32_t ck = df_cache_slot_key(s->cache, si);
+        if (ck < 0) continue;
+        int key = s->moe_layer[ck / s->E] * s->E + ck % s->E;
+        assign(s, si, key);
+        if ((rc = wait_ready(s, si, err))) return rc;
+        s->slots[si].pin = 0;
+        s->st_pinned++;
+    }
+    return DF_OK;
+}
+
 /* ---- open / close ------------------------------------------------------------------ */
 
 int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_error *err) {
@@ -112,8 +200,9 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     const df_config *c = &m->cfg;
     if (c->num_experts <= 0)
         return df_fail(err, DF_ERR_ARG, "the model has no routed experts to stream");
-    if (o->policy && strcmp(o->policy, "lru") != 0)
-        return df_fail(err, DF_ERR_ARG, "unknown cache policy '%s'", o->policy);
+    int policy = df_cache_policy_from_name(o->policy ? o->policy : "deltafin");
+    if (policy < 0 || policy == DF_POLICY_BELADY)
+        return df_fail(err, DF_ERR_ARG, "unknown cache policy '%s' (use deltafin or lru)", o->policy);
     df_store *s = df_xcalloc(1, sizeof *s);
     s->m = m;
     s->L = c->num_hidden_layers;
@@ -143,10 +232,10 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
                      (double)o->cache_bytes / 1048576.0, (double)s->slot_bytes / 1048576.0);
         goto fail;
     }
-    /* never more slots than experts */
+    /* never more slots than every expert plus the transient ones */
     int n_moe = 0;
     for (int li = 0; li < s->L; li++) n_moe += m->layers[li].is_moe;
-    if (s->n_slots > n_moe * s->E) s->n_slots = n_moe * s->E;
+    if (s->n_slots > n_moe * s->E + n_transient(s)) s->n_slots = n_moe * s->E + n_transient(s);
     s->arena_bytes = s->slot_bytes * (size_t)s->n_slots;
     s->arena = mmap(NULL, s->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (s->arena == MAP_FAILED) {
@@ -165,6 +254,15 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     }
     s->key_slot = df_xmalloc(sizeof(int) * (size_t)s->L * (size_t)s->E);
     for (size_t i = 0; i < (size_t)s->L * (size_t)s->E; i++) s->key_slot[i] = -1;
+    s->moe_index = df_xmalloc(sizeof(int) * (size_t)s->L);
+    s->moe_layer = df_xmalloc(sizeof(int) * (size_t)s->L);
+    for (int li = 0, k = 0; li < s->L; li++) {
+        s->moe_index[li] = m->layers[li].is_moe ? k : -1;
+        if (m->layers[li].is_moe) s->moe_layer[k++] = li;
+    }
+    s->slotv = df_xmalloc(sizeof(int32_t) * (size_t)s->E);
+    s->ids32 = df_xmalloc(sizeof(int32_t) * (size_t)s->E);
+    s->hitv = df_xmalloc((size_t)s->E);
     s->want = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->handed = df_xcalloc((size_t)s->E, sizeof(bool));
     s->queue = df_xmalloc(sizeof(int) * (size_t)s->E);
@@ -174,6 +272,7 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
         goto fail;
     }
     s->ring_ok = true;
+    if ((rc = setup_cache(s, o, n_moe, (df_cache_policy)policy, err))) goto fail;
     *out = s;
     return DF_OK;
 fail:
@@ -195,6 +294,18 @@ void df_store_close(df_store *s) {
             }
         io_uring_queue_exit(&s->ring);
     }
+    if (s->cache && s->heat_path) {
+        df_error e2;
+        if (df_heat_save(df_cache_heat(s->cache), s->heat_path, &e2))
+            fprintf(stderr, "deltafin: warning: %s\n", e2.msg); /* losing heat only slows warm-up */
+    }
+    df_cache_free(s->cache);
+    free(s->heat_path);
+    free(s->moe_index);
+    free(s->moe_layer);
+    free(s->slotv);
+    free(s->ids32);
+    free(s->hitv);
     if (s->arena) munmap(s->arena, s->arena_bytes);
     if (s->pack) df_pack_close(s->pack);
     free(s->slots);
@@ -308,17 +419,24 @@ static void drop_key(df_store *s, int si) {
     x->state = SLOT_EMPTY;
 }
 
-/* A slot for a new record: an empty one, else the least recently used slot
- * that the current layer does not hold. -1 if every slot is pinned. */
+/* A transient slot the current layer is not using, or -1. */
 static int find_slot(df_store *s) {
-    int best = -1;
-    for (int i = 0; i < s->n_slots; i++) {
+    for (int i = s->n_cache; i < s->n_slots; i++) {
         slot *x = &s->slots[i];
-        if (x->pin || x->state == SLOT_LOADING) continue;
-        if (x->state == SLOT_EMPTY) return i;
-        if (best < 0 || x->last_use < s->slots[best].last_use) best = i;
+        if (!x->pin && x->state != SLOT_LOADING) return i;
     }
-    return best;
+    return -1;
+}
+
+static void assign(df_store *s, int si, int key) {
+    drop_key(s, si);
+    slot *x = &s->slots[si];
+    x->key = key;
+    x->pin = 1;
+    x->retried = 0;
+    x->last_use = ++s->tick;
+    s->key_slot[key] = si;
+    start_read(s, si);
 }
 
 /* Gives queued misses the slots that are free now, and submits their reads. */
@@ -332,14 +450,7 @@ static void fill_queue(df_store *s) {
             s->queue[kept++] = wi;
             continue;
         }
-        drop_key(s, si);
-        slot *x = &s->slots[si];
-        x->key = s->layer * s->E + s->want[wi];
-        x->pin = 1;
-        x->retried = 0;
-        x->last_use = ++s->tick;
-        s->key_slot[x->key] = si;
-        start_read(s, si);
+        assign(s, si, s->layer * s->E + s->want[wi]);
         any = true;
     }
     s->n_queue = kept;
@@ -361,17 +472,38 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
     for (int i = 0; i < n; i++) {
         s->want[i] = experts[i];
         s->handed[i] = false;
-        int si = s->key_slot[layer * s->E + experts[i]];
+        s->slotv[i] = -1;
+        s->hitv[i] = 0;
+    }
+    if (s->cache) {
+        for (int i = 0; i < n; i++) s->ids32[i] = experts[i];
+        df_cache_access_layer(s->cache, s->moe_index[layer], s->ids32, n, s->slotv, s->hitv);
+    }
+    bool submitted = false;
+    for (int i = 0; i < n; i++) {
+        int key = layer * s->E + experts[i];
         s->st.requests++;
-        if (si >= 0) {
+        if (s->hitv[i]) {
+            int si = s->key_slot[key];
+            if (si != s->slotv[i]) {
+                s->failed = true;
+                return df_fail(err, DF_ERR_IO, "expert store: cache bookkeeping lost layer %d expert %d",
+                               layer, experts[i]);
+            }
             s->st.hits++;
             s->slots[si].pin = 1;
             s->slots[si].last_use = ++s->tick;
+            continue;
+        }
+        s->st.misses++;
+        if (s->slotv[i] >= 0) { /* admitted: read into the slot the policy freed */
+            assign(s, s->slotv[i], key);
+            submitted = true;
         } else {
-            s->st.misses++;
-            s->queue[s->n_queue++] = i;
+            s->queue[s->n_queue++] = i; /* bypassed: a transient slot when one is free */
         }
     }
+    if (submitted) io_uring_submit(&s->ring);
     fill_queue(s);
     return DF_OK;
 }
@@ -427,8 +559,16 @@ int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err) {
 void df_store_end_layer(df_store *s) {
     for (int i = 0; i < s->n_want; i++) {
         int si = s->key_slot[s->layer * s->E + s->want[i]];
-        if (si >= 0) s->slots[si].pin = 0;
+        if (si < 0) continue;
+        s->slots[si].pin = 0;
+        if (si >= s->n_cache && s->slots[si].state == SLOT_READY) drop_key(s, si); /* transient */
     }
     s->last_slot = -1;
     s->n_want = s->n_handed = s->n_queue = 0;
 }
+
+void df_store_end_step(df_store *s) {
+    if (s->cache) df_cache_token_end(s->cache);
+}
+
+int df_store_pinned(const df_store *s) { return s->st_pinned; }

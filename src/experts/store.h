@@ -20,7 +20,10 @@ typedef struct df_store_opts {
     const char *const *pack_dirs; /* NULL/0: stream from the safetensors files */
     int n_pack_dirs;
     uint64_t cache_bytes;         /* RAM for expert slots */
-    const char *policy;           /* "lru" (default) */
+    const char *policy;           /* "deltafin" (default) or "lru" */
+    uint64_t pin_bytes;           /* pinned tier, filled from the persisted heat */
+    const char *heat_path;        /* NULL: experts.heat in the first pack directory
+                                     (no persistence when streaming from safetensors) */
 } df_store_opts;
 
 typedef struct df_store_stats {
@@ -47,5 +50,8 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
  * its weights, valid until the next call; *expert = -1 when all were handed out. */
 int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err);
 void df_store_end_layer(df_store *s);
+/* A forward step (one token, or one batch of rows) is complete. */
+void df_store_end_step(df_store *s);
+int df_store_pinned(const df_store *s); /* experts read in at start-up */
 
 #endif

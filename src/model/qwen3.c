@@ -379,6 +379,7 @@ int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *k
         int rc = feed_forward(m, store, pool, b, li, T, err);
         if (rc) return rc;
     }
+    if (store) df_store_end_step(store);
     if (!logits) return DF_OK;
     int first = all_rows ? 0 : T - 1, n = T - first;
     for (int t = first; t < T; t++)
