@@ -30,25 +30,31 @@ if [ ! -f "$M/config.json" ]; then
         --head-dim 128 --experts 128 --top-k 8 --moe-intermediate 768 --norm-topk-prob 1 \
         --tie-embeddings 1 --max-pos 4096 --max-shard-size 4000000000 --fast-init
 fi
-# Warm the page cache so this measures compute against RAM, not the disk.
+# Only this model in the page cache (a pack left there by an earlier run would
+# crowd it out), then warm it so this measures compute against RAM, not the disk.
+sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
 cat "$M"/*.safetensors >/dev/null
 
 PROMPT=$(/usr/bin/python3 -c 'import random; r=random.Random(3); print(",".join(str(r.randrange(1000, 100000)) for _ in range(64)))')
 say ""
 say "## in-RAM decode and prefill ($M, 64-token prompt, 32 new tokens, 2 threads)"
+RAMEV=$OUT/inram-events
+mkdir -p "$RAMEV"
 for i in $(seq "$REPS"); do
     "$B/deltafin" run --model "$M" --prompt-tokens "$PROMPT" --max-new 32 --temp 0 --threads 2 \
-        --print-ids --stats 2>&1 >/dev/null | tee -a "$LOG"
+        --print-ids --events "$RAMEV/$i.jsonl" >/dev/null
+    say "rep $i: $(grep '"summary"' "$RAMEV/$i.jsonl")"
 done
-/usr/bin/python3 - "$LOG" "$MEMBW" <<'PYEOF' | tee -a "$LOG"
-import re, statistics, sys
-log, membw = open(sys.argv[1]).read(), float(sys.argv[2] or 0)
-rows = re.findall(r"prefill (\d+) tokens in [\d.]+ s \(([\d.]+) tok/s\); decode \d+ tokens in [\d.]+ s \(([\d.]+) tok/s\); active weights ([\d.]+) MB/token -> ([\d.]+) GB/s", log)
-pf = statistics.median(float(r[1]) for r in rows)
-dc = statistics.median(float(r[2]) for r in rows)
-gbs = statistics.median(float(r[4]) for r in rows)
-print(f"median prefill {pf:.2f} tok/s, decode {dc:.2f} tok/s, prefill/decode per token {pf/dc:.2f}x")
-print(f"decode active-weight bandwidth {gbs:.2f} GB/s = {gbs/membw:.2f} of measured memory bandwidth {membw:.2f} GB/s" if membw else "no memory bandwidth measured")
+/usr/bin/python3 - "$RAMEV" "$MEMBW" <<'PYEOF' | tee -a "$LOG"
+import glob, json, statistics, sys
+rows = [json.loads(l) for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")) for l in open(f) if '"summary"' in l]
+membw = float(sys.argv[2] or 0)
+pf = statistics.median(r["prompt_tokens"] / r["prefill_s"] for r in rows)
+dc = statistics.median(r["tokens_per_s"] for r in rows)
+act = rows[0]["active_bytes_per_token"]
+gbs = dc * act / 1e9
+print(f"median prefill {pf:.2f} tok/s, decode {dc:.2f} tok/s (min {min(r['tokens_per_s'] for r in rows):.2f}, max {max(r['tokens_per_s'] for r in rows):.2f}); prefill/decode per token {pf/dc:.2f}x")
+print(f"decode: {act/1e6:.1f} MB active weights/token x {dc:.2f} tok/s = {gbs:.2f} GB/s = {gbs/membw:.2f} of measured memory bandwidth {membw:.2f} GB/s")
 PYEOF
 
 # ---- expert streaming: experts >= 3x the budget, cold cache ------------------------
