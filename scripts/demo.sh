@@ -20,6 +20,12 @@ else
     fi
 fi
 "$B/deltafin" inspect --model "$M" | sed -n '1,14p;/^bytes:/p'
+# Routed experts go into a pack and stream from it through a cache a third of
+# their size; the always-active weights stay in RAM.
+P=$B/demo-pack
+"$B/deltafin" pack --model "$M" --out "$P"
+CACHE=$(( $("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p') / 3 ))
 echo
-echo "--- deltafin run --model $M --chat --prompt 'Tell me about whales.' --max-new 32"
-"$B/deltafin" run --model "$M" --chat --prompt "Tell me about whales." --max-new 32 --temp 0.8 --seed 7
+echo "--- deltafin run --model $M --experts $P --expert-cache $CACHE --chat --prompt 'Tell me about whales.' --stats"
+"$B/deltafin" run --model "$M" --experts "$P" --expert-cache "$CACHE" --chat \
+    --prompt "Tell me about whales." --max-new 32 --temp 0.8 --seed 7 --stats
