@@ -74,11 +74,15 @@ say ""
 say "## streaming decode: budget $BUDGET, experts $((EXPERT_BYTES / 1048576)) MiB, $NEW tokens, teacher-forced, cold cache, O_DIRECT bandwidth $IOBW GB/s"
 P16=$(/usr/bin/python3 -c 'import random; r=random.Random(4); print(",".join(str(r.randrange(1000, 100000)) for _ in range(16)))')
 EV=$OUT/stream-events
-mkdir -p "$EV"
+rm -rf "$EV"; mkdir -p "$EV"
 for i in $(seq "$REPS"); do
     for arm in pack pagecache; do
         extra=()
         [ $arm = pack ] && extra=(--experts "$PACK")
+        drop
+        # the device bandwidth, measured next to every arm: a virtual disk drifts
+        IOBW=$("$B/bench_io" -s "$RECORD" -d 8 -t 4 "$PACK/experts.bin" | awk '{print $2}')
+        echo "$IOBW" >>"$EV/iobw.txt"
         drop
         "$B/deltafin" run --model "$M" --prompt-tokens "$P16" --max-new "$NEW" --temp 0 --threads 2 \
             --print-ids --ram-budget "$BUDGET" --teacher-force 7 --io-bw "$IOBW" \
@@ -89,7 +93,9 @@ for i in $(seq "$REPS"); do
 done
 /usr/bin/python3 - "$EV" "$IOBW" <<'PYEOF' | tee -a "$LOG"
 import glob, json, statistics, sys
-ev, iobw = sys.argv[1], float(sys.argv[2])
+ev = sys.argv[1]
+iobw = statistics.median(float(x) for x in open(f"{ev}/iobw.txt"))
+print(f"O_DIRECT read bandwidth, measured before every arm: median {iobw:.3f} GB/s")
 for arm in ("pack", "pagecache"):
     rows = []
     for f in sorted(glob.glob(f"{ev}/{arm}-*.jsonl")):

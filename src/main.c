@@ -26,6 +26,7 @@
 
 int df_cache_sim_main(int argc, char **argv);
 int df_pack_main(int argc, char **argv);
+int df_serve_main(int argc, char **argv);
 
 #define EXIT_BAD 2
 
@@ -216,9 +217,12 @@ static void report(FILE *ev, bool text, const char *what, int rows, const df_sta
     uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
     double wait = b->read_wait_s - a->read_wait_s, compute = secs - wait;
     if (text && strcmp(what, "token") == 0)
-        fprintf(stderr, "[%s] %.3f s  read %.1f MB  hits %llu misses %llu  wait %.3f s compute %.3f s\n",
-                what, secs, (double)bytes / 1e6, (unsigned long long)hits, (unsigned long long)miss,
-                wait, compute);
+        fprintf(stderr,
+                "[%s] %.3f s (%.2f tok/s)  read %.1f MB at %.3f GB/s  hits %llu misses %llu  "
+                "wait %.3f s compute %.3f s\n",
+                what, secs, secs > 0 ? rows / secs : 0.0, (double)bytes / 1e6,
+                secs > 0 ? (double)bytes / secs / 1e9 : 0.0, (unsigned long long)hits,
+                (unsigned long long)miss, wait, compute);
     if (ev)
         fprintf(ev,
                 "{\"event\":\"%s\",\"rows\":%d,\"seconds\":%.6f,\"expert_bytes_read\":%llu,"
@@ -523,7 +527,8 @@ static const char MAIN_HELP[] =
     "  tokenize   text to token ids and back\n"
     "  logits     write the logits of a token sequence to a file\n"
     "  pack       rewrite a checkpoint's routed experts into an expert pack (--verify to check)\n"
-    "  cache-sim  replay a routing trace through the expert cache policies\n";
+    "  cache-sim  replay a routing trace through the expert cache policies\n"
+    "  serve      OpenAI-compatible HTTP server (docs/server.md)\n";
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -537,5 +542,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "pack")) return df_pack_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "cache-sim")) return df_cache_sim_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return df_serve_main(argc - 2, argv + 2);
     die("unknown command '%s' (see deltafin --help)", cmd);
 }
