@@ -25,4 +25,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 bash scripts/fetch_assets.sh
+
+# The server tests' client: the openai npm package pinned in tests/server
+# (package-lock.json); installed again only when the pinned version changed.
+want=$(cd tests/server && node -p "require('./package.json').dependencies.openai")
+have=$(cd tests/server && node -p "require('./node_modules/openai/package.json').version" 2>/dev/null || true)
+if [ "$want" != "$have" ]; then
+    (cd tests/server && npm ci --no-audit --no-fund --loglevel=error)
+fi
 echo "setup: done"

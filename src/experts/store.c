@@ -41,6 +41,7 @@ typedef struct slot {
     uint64_t last_use;
     char *mem;
     uint64_t done[MAX_OPS]; /* bytes completed per operation */
+    uint64_t len[MAX_OPS];  /* bytes each operation reads */
 } slot;
 
 struct df_store {
@@ -337,6 +338,7 @@ static void submit_op(df_store *s, int si, int op) {
         sqe = io_uring_get_sqe(&s->ring);
     }
     uint64_t d = x->done[op];
+    x->len[op] = len;
     io_uring_prep_read(sqe, fd, x->mem + moff + d, (unsigned)(len - d), foff + d);
     io_uring_sqe_set_data64(sqe, (uint64_t)si * MAX_OPS + (uint64_t)op);
 }
@@ -366,10 +368,6 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
     io_uring_cqe_seen(&s->ring, cqe);
     slot *x = &s->slots[si];
     int layer = x->key / s->E, e = x->key % s->E;
-    int fd;
-    uint64_t foff, len;
-    size_t moff;
-    op_geometry(s, layer, e, op, &fd, &foff, &len, &moff);
     if (res == -EINTR || res == -EAGAIN) {
         submit_op(s, si, op);
         return -1;
@@ -386,7 +384,7 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
     }
     x->done[op] += (uint64_t)res;
     s->st.bytes_read += (uint64_t)res;
-    if (x->done[op] < len) { /* short read: continue where it stopped */
+    if (x->done[op] < x->len[op]) { /* short read: continue where it stopped */
         submit_op(s, si, op);
         return -1;
     }

@@ -35,15 +35,26 @@ struct df_fwd_buf {
     float *yslot;       /* [R][topk][H] */
 };
 
-df_fwd_buf *df_fwd_buf_new(const df_model *m, int rows, int max_ctx) {
+/* The sizes the work buffers are made of. */
+typedef struct dims { size_t R, H, qd, kvd, I, E, K; } dims;
+
+static dims buf_dims(const df_model *m, int rows) {
     const df_config *c = &m->cfg;
-    size_t R = (size_t)rows, H = (size_t)c->hidden_size;
-    size_t qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
-    size_t kvd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    size_t I = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size
-                                                                        : c->moe_intermediate_size);
-    size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
-    size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    dims d;
+    d.R = (size_t)rows;
+    d.H = (size_t)c->hidden_size;
+    d.qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
+    d.kvd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    d.I = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size
+                                                                   : c->moe_intermediate_size);
+    d.E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
+    d.K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    return d;
+}
+
+df_fwd_buf *df_fwd_buf_new(const df_model *m, int rows, int max_ctx) {
+    dims d = buf_dims(m, rows);
+    size_t R = d.R, H = d.H, qd = d.qd, kvd = d.kvd, I = d.I, E = d.E, K = d.K;
     df_fwd_buf *b = df_xcalloc(1, sizeof *b);
     b->rows = rows;
     b->max_ctx = max_ctx;
@@ -76,14 +87,8 @@ void df_fwd_buf_free(df_fwd_buf *b) {
 int df_fwd_buf_rows(const df_fwd_buf *b) { return b->rows; }
 
 size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx) {
-    const df_config *c = &m->cfg;
-    size_t R = (size_t)rows, H = (size_t)c->hidden_size;
-    size_t qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
-    size_t kvd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    size_t I = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size
-                                                                        : c->moe_intermediate_size);
-    size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
-    size_t K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    dims d = buf_dims(m, rows);
+    size_t R = d.R, H = d.H, qd = d.qd, kvd = d.kvd, I = d.I, E = d.E, K = d.K;
     /* the forward buffers, plus attention's per-thread score rows */
     return sizeof(float) * R * (4 * H + 2 * qd + 2 * kvd + 2 * I + E + K + K * H) +
            sizeof(int) * R * (K + 1) + sizeof(float) * 64 * (size_t)max_ctx;

@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# test_server.sh ENGINE - `deltafin serve` end to end: a real server on a loopback
+# port with a small synthetic Qwen3-MoE checkpoint (random weights: gibberish, but
+# deterministic), driven by curl, python and the official openai npm client
+# (tests/server). Checks endpoints, SSE framing byte by byte, exactness against
+# `deltafin run --temp 0`, stop strings across token boundaries, prefix reuse,
+# errors (400/401/404/405/413/429), cancellation by disconnect, a bounded load
+# test with an RSS bound, and a clean, leak-free shutdown.
+# Ends with "N passed, N failed"; exits non-zero on any failure.
+set -u
+cd "$(dirname "$0")/.."
+ENG=${1:-build/deltafin-san}
+PY=/usr/bin/python3
+T=$(mktemp -d)
+PORT=$((18000 + $$ % 1000))
+PORT2=$((PORT + 1000))
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    rm -rf "$T"
+}
+trap cleanup EXIT
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "PASS $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+# A smaller ASan quarantine keeps the RSS measurement about the server itself.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}:quarantine_size_mb=16"
+
+MODEL=$T/model
+$PY tools/gen_checkpoint.py --out "$MODEL" --arch qwen3_moe --vocab 151936 --hidden 64 --intermediate 128 \
+    --layers 2 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --top-k 2 --moe-intermediate 32 \
+    --tie-embeddings 1 --seed 3 --max-pos 16384 >"$T/gen.log" 2>&1 || { cat "$T/gen.log"; echo "0 passed, 1 failed"; exit 1; }
+
+# start_server LOG PORT ARGS... ; sets SPID; waits for /health
+start_server() {
+    local log=$1 port=$2; shift 2
+    "$ENG" serve --model "$MODEL" --threads 2 --port "$port" "$@" >"$log" 2>&1 &
+    SPID=$!
+    PIDS+=("$SPID")
+    for _ in $(seq 150); do
+        curl -s -o /dev/null "http://127.0.0.1:$port/health" && return 0
+        kill -0 "$SPID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "server did not start:"; cat "$log"; return 1
+}
+start_server "$T/s1.log" "$PORT" --ctx 8192 --max-body 65536 || { echo "0 passed, 1 failed"; exit 1; }
+S1=$SPID
+U=http://127.0.0.1:$PORT
+
+# post PATH BODY -> $T/body, prints status
+post() { curl -s -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$U$1" --data-binary "$2"; }
+jq_py() { $PY -c "import json,sys; d=json.load(open('$T/body')); print($1)" 2>/dev/null; }
+
+# ---- basic endpoints
+[ "$(curl -s "$U/health")" = '{"status":"ok"}' ] && ok health || bad health "$(curl -s "$U/health")"
+[ "$(curl -s "$U/v1/models" | $PY -c 'import json,sys; d=json.load(sys.stdin); print(d["object"], d["data"][0]["id"])')" = "list model" ] \
+    && ok models || bad models "$(curl -s "$U/v1/models")"
+
+# ---- exactness: temperature 0 equals `deltafin run --temp 0 --print-ids`
+IDS="785,3974,13876,38835,34208,916,279,15678,5562,13"
+st=$(post /v1/completions '{"model":"m","prompt":[785,3974,13876,1,2,3],"max_tokens":4,"temperature":0}')
+[ "$st" = 200 ] || bad warmup "status $st"
+st=$(post /v1/completions "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":24,\"temperature\":0}")
+cp "$T/body" "$T/greedy.json"
+"$ENG" run --model "$MODEL" --threads 2 --prompt-tokens "$IDS" --max-new 24 --temp 0 --print-ids >"$T/run_ids" 2>"$T/run.err"
+"$ENG" run --model "$MODEL" --threads 2 --prompt-tokens "$IDS" --max-new 24 --temp 0 >"$T/run_text" 2>>"$T/run.err"
+"$ENG" tokenize --model "$MODEL" --decode "$(tr ' ' ',' <"$T/run_ids")" >"$T/run_decoded" 2>>"$T/run.err"
+$PY - "$T" <<'EOF' && ok exact-temp0 || bad exact-temp0 "server text differs from deltafin run (see above)"
+import json, sys
+t = sys.argv[1]
+d = json.load(open(f"{t}/greedy.json"))
+got = d["choices"][0]["text"].encode()
+ids = open(f"{t}/run_ids").read().split()
+dec = open(f"{t}/run_decoded", "rb").read()[:-1]
+txt = open(f"{t}/run_text", "rb").read()[:-1]
+ok = got == txt and got == dec and d["usage"]["completion_tokens"] == len(ids) == 24 \
+    and d["usage"]["prompt_tokens"] == 10 and d["choices"][0]["finish_reason"] == "length"
+if not ok:
+    print("server:", got, "\nrun:   ", txt, "\ndecode:", dec, "\nids:", ids, d["usage"])
+sys.exit(0 if ok else 1)
+EOF
+m=$(curl -s "$U/metrics" | sed -n 's/^deltafin_prompt_tokens_reused_total \([0-9]*\)$/\1/p')
+[ "${m:-0}" -ge 3 ] && ok prefix-reuse-metric || bad prefix-reuse-metric "reused=$m"
+
+# ---- SSE framing, byte by byte, and stream == non-stream
+curl -s -N -D "$T/sse_h" -o "$T/sse" -H 'Content-Type: application/json' "$U/v1/completions" \
+    --data-binary "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":24,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}"
+$PY - "$T" <<'EOF' && ok sse-completions || bad sse-completions "framing or content"
+import json, sys
+t = sys.argv[1]
+raw = open(f"{t}/sse", "rb").read()
+hdr = open(f"{t}/sse_h", "rb").read().lower()
+want = json.load(open(f"{t}/greedy.json"))["choices"][0]["text"]
+err = []
+if b"content-type: text/event-stream" not in hdr: err.append("content-type")
+if not raw.endswith(b"\n\ndata: [DONE]\n\n"): err.append("ending")
+if b"\r" in raw: err.append("CR in body")
+events = raw.split(b"\n\n")
+if events[-1] != b"": err.append("trailing bytes")
+events = events[:-1]
+text, fin, usage = "", None, None
+for i, e in enumerate(events):
+    if not e.startswith(b"data: ") or b"\n" in e: err.append(f"event {i}: {e[:60]!r}"); continue
+    p = e[6:]
+    if p == b"[DONE]":
+        if i != len(events) - 1: err.append("[DONE] not last")
+        continue
+    o = json.loads(p)
+    if o["object"] != "text_completion" or not o["id"].startswith("cmpl-"): err.append("shape")
+    if o["choices"]:
+        text += o["choices"][0]["text"]
+        if o["choices"][0]["finish_reason"]: fin = o["choices"][0]["finish_reason"]
+    elif o.get("usage"):
+        usage = o["usage"]
+if text != want: err.append(f"text {text!r} != {want!r}")
+if fin != "length": err.append(f"finish {fin}")
+if not usage or usage["completion_tokens"] != 24 or usage["total_tokens"] != 34: err.append(f"usage {usage}")
+if err: print(err)
+sys.exit(1 if err else 0)
+EOF
+
+# chat stream: role first, then content, an empty delta with finish_reason, then [DONE]
+curl -s -N -o "$T/csse" -H 'Content-Type: application/json' "$U/v1/chat/completions" --data-binary \
+    '{"model":"m","messages":[{"role":"user","content":"Hello"}],"max_tokens":6,"temperature":0,"stream":true,"chat_template_kwargs":{"enable_thinking":false}}'
+st=$(post /v1/chat/completions '{"model":"m","messages":[{"role":"user","content":"Hello"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"enable_thinking":false}}')
+$PY - "$T" <<'EOF' && ok sse-chat || bad sse-chat "chat stream"
+import json, sys
+t = sys.argv[1]
+raw = open(f"{t}/csse", "rb").read()
+whole = json.load(open(f"{t}/body"))
+ev = [json.loads(e[6:]) for e in raw.split(b"\n\n")[:-2]]
+ok = raw.endswith(b"data: [DONE]\n\n") and ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+ok = ok and all(e["object"] == "chat.completion.chunk" for e in ev)
+ok = ok and ev[-1]["choices"][0]["delta"] == {} and ev[-1]["choices"][0]["finish_reason"] == "length"
+text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev)
+ok = ok and text == whole["choices"][0]["message"]["content"] and whole["object"] == "chat.completion"
+ok = ok and whole["usage"]["completion_tokens"] == 6 and "usage" not in ev[0]
+if not ok: print(raw[:400], whole)
+sys.exit(0 if ok else 1)
+EOF
+
+# ---- stop strings: one spanning a token boundary (from the greedy output and
+# the output of one token fewer), held back in the stream, never returned
+st=$(post /v1/completions "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":12,\"temperature\":0}")
+cp "$T/body" "$T/g12.json"
+STOP=$($PY - "$T" <<'EOF'
+import json, sys
+t = sys.argv[1]
+g = json.load(open(f"{t}/greedy.json"))["choices"][0]["text"]
+p = json.load(open(f"{t}/g12.json"))["choices"][0]["text"]
+b = len(p)  # a token boundary
+assert g.startswith(p) and b >= 2 and len(g) >= b + 2
+print(json.dumps(g[b - 2:b + 2]))
+EOF
+)
+for mode in false true; do
+    curl -s -N -o "$T/stop_$mode" -H 'Content-Type: application/json' "$U/v1/completions" --data-binary \
+        "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":24,\"temperature\":0,\"stop\":[\"zzzz-never\",$STOP],\"stream\":$mode}"
+done
+$PY - "$T" "$STOP" <<'EOF' && ok stop-across-tokens || bad stop-across-tokens "stop=$STOP"
+import json, sys
+t, stop = sys.argv[1], json.loads(sys.argv[2])
+g = json.load(open(f"{t}/greedy.json"))["choices"][0]["text"]
+want = g[:g.find(stop)]
+d = json.load(open(f"{t}/stop_false"))
+raw = open(f"{t}/stop_true", "rb").read()
+pieces = [json.loads(e[6:])["choices"] for e in raw.split(b"\n\n")[:-2]]
+stext = "".join(c[0]["text"] for c in pieces if c)
+fin = [c[0]["finish_reason"] for c in pieces if c and c[0]["finish_reason"]]
+ok = d["choices"][0]["text"] == want and d["choices"][0]["finish_reason"] == "stop" and stext == want and fin == ["stop"]
+if not ok: print(repr(stop), repr(want), d, repr(stext), fin)
+sys.exit(0 if ok else 1)
+EOF
+
+# ---- penalties change the greedy output (exact formula: see docs/server.md)
+st=$(post /v1/completions "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":24,\"temperature\":0,\"frequency_penalty\":2,\"presence_penalty\":2}")
+[ "$st" = 200 ] && [ "$(jq_py 'd["choices"][0]["text"]')" != "$($PY -c "import json; print(json.load(open('$T/greedy.json'))['choices'][0]['text'])")" ] \
+    && ok penalties || bad penalties "status $st, output unchanged"
+
+# ---- seeded sampling is reproducible
+a=$(post /v1/completions '{"model":"m","prompt":"Once upon a time","max_tokens":8,"temperature":1,"seed":42}'; jq_py 'd["choices"][0]["text"]')
+b=$(post /v1/completions '{"model":"m","prompt":"Once upon a time","max_tokens":8,"temperature":1,"seed":42}'; jq_py 'd["choices"][0]["text"]')
+[ "$a" = "$b" ] && [ -n "$a" ] && ok seed || bad seed "'$a' vs '$b'"
+
+# ---- bad requests: 400 naming the field, and other statuses
+# expect NAME STATUS PARAM PATH BODY
+expect() {
+    local name=$1 want=$2 param=$3 path=$4 body=$5 st
+    st=$(post "$path" "$body")
+    local got; got=$(jq_py 'd["error"]["param"]')
+    if [ "$st" != "$want" ]; then bad "$name" "status $st (want $want): $(head -c 300 "$T/body")"
+    elif [ -n "$param" ] && [ "$got" != "$param" ]; then bad "$name" "param '$got' (want $param)"
+    elif [ "$(jq_py 'd["error"]["type"]')" = "" ]; then bad "$name" "not an OpenAI error: $(head -c 200 "$T/body")"
+    else ok "$name"; fi
+}
+C=/v1/chat/completions
+MSG='"messages":[{"role":"user","content":"hi"}]'
+expect err-n 400 n $C "{\"model\":\"m\",$MSG,\"n\":2}"
+expect err-logprobs 400 logprobs $C "{\"model\":\"m\",$MSG,\"logprobs\":true}"
+expect err-tools 400 tools $C "{\"model\":\"m\",$MSG,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}"
+expect err-response-format 400 response_format $C "{\"model\":\"m\",$MSG,\"response_format\":{\"type\":\"json_object\"}}"
+expect err-unknown-field 400 frobnicate $C "{\"model\":\"m\",$MSG,\"frobnicate\":1}"
+expect err-type 400 max_tokens $C "{\"model\":\"m\",$MSG,\"max_tokens\":\"ten\"}"
+expect err-temperature 400 temperature $C "{\"model\":\"m\",$MSG,\"temperature\":3}"
+expect err-stop-count 400 stop $C "{\"model\":\"m\",$MSG,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}"
+expect err-role 400 messages $C '{"model":"m","messages":[{"role":"wizard","content":"hi"}]}'
+expect err-no-messages 400 messages $C '{"model":"m"}'
+expect err-malformed 400 "" $C '{"model":"m",'
+expect err-not-object 400 "" $C '[1,2]'
+expect err-duplicate-key 400 "" $C "{\"model\":\"m\",$MSG,\"n\":1,\"n\":1}"
+expect err-utf8 400 "" $C "$(printf '{"model":"m","messages":[{"role":"user","content":"\xff\xfe"}]}')"
+expect err-echo 400 echo /v1/completions '{"model":"m","prompt":"x","echo":true}'
+expect err-batch-prompt 400 prompt /v1/completions '{"model":"m","prompt":["a","b"]}'
+expect err-token-id 400 prompt /v1/completions '{"model":"m","prompt":[999999999]}'
+LONG=$($PY -c 'print(",".join(["13"] * 8300))')
+expect err-prompt-too-long 400 prompt /v1/completions "{\"model\":\"m\",\"prompt\":[$LONG]}"
+expect err-max-tokens-ctx 400 max_tokens /v1/completions '{"model":"m","prompt":"hi","max_tokens":9000}'
+expect err-empty-prompt 400 prompt /v1/completions '{"model":"m","prompt":""}'
+$PY -c 'print("{\"model\":\"m\",\"prompt\":\"" + "a" * 70000 + "\"}")' >"$T/big.json"
+st=$(curl -s -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$U/v1/completions" --data-binary @"$T/big.json")
+[ "$st" = 413 ] && ok err-413 || bad err-413 "status $st"
+st=$(curl -s -o "$T/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' -H 'Content-Type: application/json' "$U/v1/completions" --data-binary @"$T/big.json")
+[ "$st" = 413 ] && ok err-413-chunked || bad err-413-chunked "status $st"
+st=$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/nothing")
+[ "$st" = 404 ] && ok err-404 || bad err-404 "status $st"
+st=$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/chat/completions")
+[ "$st" = 405 ] && ok err-405 || bad err-405 "status $st"
+kill -0 "$S1" 2>/dev/null && ok alive-after-bad-input || bad alive-after-bad-input "server died"
+
+# ---- cancellation: a client that hangs up frees the server at once
+c0=$(curl -s "$U/metrics" | sed -n 's/^deltafin_requests_cancelled_total \([0-9]*\)$/\1/p')
+t0=$(date +%s.%N)
+curl -s -o /dev/null --max-time 0.7 -H 'Content-Type: application/json' "$U/v1/completions" \
+    --data-binary '{"model":"m","prompt":"Tell me a story","max_tokens":8000,"temperature":0}'
+curl -s -o /dev/null --max-time 0.7 -N -H 'Content-Type: application/json' "$U/v1/completions" \
+    --data-binary '{"model":"m","prompt":"Tell me a story","max_tokens":8000,"temperature":0,"stream":true}'
+st=$(post /v1/completions '{"model":"m","prompt":"hi","max_tokens":2,"temperature":0}')
+t1=$(date +%s.%N)
+c1=$(curl -s "$U/metrics" | sed -n 's/^deltafin_requests_cancelled_total \([0-9]*\)$/\1/p')
+el=$($PY -c "print(round($t1 - $t0, 2))")
+if [ "$st" = 200 ] && $PY -c "import sys; sys.exit(0 if $el < 3.5 else 1)" && [ $((c1 - c0)) -eq 2 ]; then
+    ok cancel-on-disconnect
+else
+    bad cancel-on-disconnect "status $st after ${el}s, cancelled $c0 -> $c1"
+fi
+
+# ---- the official openai npm client
+if [ -d tests/server/node_modules/openai ]; then
+    node tests/server/client.mjs "$U/v1" >"$T/node.out" 2>&1
+    while read -r w n rest; do
+        case $w in ok) ok "$n" ;; FAIL) bad "${n%:}" "$rest" ;; esac
+    done <"$T/node.out"
+    grep -qE '^(ok|FAIL) ' "$T/node.out" || bad node-client "$(tail -5 "$T/node.out")"
+else
+    bad node-client "tests/server/node_modules missing: run scripts/setup.sh"
+fi
+
+# ---- load: 4 clients x 10 requests, every answer complete and correct, RSS bounded
+$PY - "$U" "$S1" "$IDS" <<'EOF' && ok load || bad load "see above"
+import json, sys, threading, urllib.request
+u, pid, ids = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split(",")]
+def req(body, stream=False):
+    r = urllib.request.Request(u + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(r, timeout=60) as f:
+        raw = f.read()
+    if not stream:
+        return json.loads(raw)["choices"][0]["text"]
+    assert raw.endswith(b"data: [DONE]\n\n")
+    return "".join(json.loads(e[6:])["choices"][0]["text"] for e in raw.split(b"\n\n")[:-2] if json.loads(e[6:])["choices"])
+def rss():
+    for l in open(f"/proc/{pid}/status"):
+        if l.startswith("VmRSS:"): return int(l.split()[1]) // 1024
+prompts = [ids[:k] for k in (3, 5, 7, 10)]
+want = [req({"prompt": p, "max_tokens": 8, "temperature": 0}) for p in prompts]
+errors = []
+def client(c):
+    for i in range(10):
+        k = (c + i) % 4
+        try:
+            got = req({"prompt": prompts[k], "max_tokens": 8, "temperature": 0, "stream": i % 2 == 1}, i % 2 == 1)
+            if got != want[k]: errors.append(f"client {c} req {i}: {got!r} != {want[k]!r}")
+        except Exception as e:
+            errors.append(f"client {c} req {i}: {e}")
+def round_():
+    th = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+    for t in th: t.start()
+    for t in th: t.join()
+round_()
+r0 = rss()
+round_(); round_()
+r1 = rss()
+if errors or r1 - r0 > 48:
+    print(errors[:5], f"rss {r0} -> {r1} MiB")
+    sys.exit(1)
+print(f"load: 120 requests ok, rss {r0} -> {r1} MiB")
+EOF
+
+# ---- queue limit (429), API key (401), binding policy: a second server
+start_server "$T/s2.log" "$PORT2" --ctx 8192 --queue 1 --api-key sekrit || bad server2 "did not start"
+U2=http://127.0.0.1:$PORT2
+st=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' "$U2/v1/models")
+[ "$st" = 401 ] && ok auth-wrong-key || bad auth-wrong-key "status $st"
+st=$(curl -s -o /dev/null -w '%{http_code}' "$U2/v1/models")
+[ "$st" = 401 ] && ok auth-no-key || bad auth-no-key "status $st"
+st=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sekrit' "$U2/v1/models")
+[ "$st" = 200 ] && ok auth-right-key || bad auth-right-key "status $st"
+SLOW='{"model":"m","prompt":"Tell me a story","max_tokens":8000,"temperature":0}'
+bg=()
+for i in 1 2; do
+    curl -s -o /dev/null -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' "$U2/v1/completions" --data-binary "$SLOW" &
+    bg+=($!)
+    sleep 0.3
+done
+st=$(curl -s -D "$T/h429" -o "$T/body" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' "$U2/v1/completions" --data-binary "$SLOW")
+[ "$st" = 429 ] && grep -qi '^retry-after: ' "$T/h429" && ok queue-full-429 || bad queue-full-429 "status $st $(cat "$T/body")"
+kill "${bg[@]}" 2>/dev/null; wait "${bg[@]}" 2>/dev/null
+st=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \
+    "$U2/v1/completions" --data-binary '{"model":"m","prompt":"hi","max_tokens":2}')
+[ "$st" = 200 ] && ok queue-drains-after-cancel || bad queue-drains-after-cancel "status $st"
+q=$(curl -s -H 'Authorization: Bearer sekrit' "$U2/metrics" | sed -n 's/^deltafin_queue_length \([0-9]*\)$/\1/p')
+[ "$q" = 0 ] && ok metrics-queue || bad metrics-queue "queue length '$q'"
+"$ENG" serve --model "$MODEL" --host 0.0.0.0 --port "$PORT2" >"$T/bind.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--api-key" "$T/bind.out" && ok refuse-public-bind || bad refuse-public-bind "$(cat "$T/bind.out")"
+
+# ---- metrics and clean shutdown (no leak or sanitizer report)
+curl -s "$U/metrics" >"$T/metrics"
+for k in 'deltafin_requests_total{endpoint="/v1/completions",status="200"}' 'deltafin_requests_total{endpoint="/v1/chat/completions",status="400"}' \
+         deltafin_generated_tokens_total deltafin_prompt_tokens_total deltafin_last_tokens_per_second \
+         deltafin_expert_cache_hits_total deltafin_expert_cache_misses_total deltafin_expert_bytes_read_total deltafin_queue_length; do
+    grep -qF "$k " "$T/metrics" || { bad metrics "missing $k"; k=; break; }
+done
+[ -n "$k" ] && ok metrics
+for p in "$S1" "$SPID"; do kill -TERM "$p" 2>/dev/null; done
+rc1=0; wait "$S1" || rc1=$?
+rc2=0; wait "$SPID" || rc2=$?
+PIDS=()
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s1.log" "$T/s2.log"; then
+    ok clean-shutdown
+else
+    bad clean-shutdown "exit $rc1/$rc2: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s1.log" "$T/s2.log" | head -40)"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
