@@ -77,9 +77,6 @@ static void prefault(const df_model *m, bool experts_too) {
         if (!t->nbytes || (!experts_too && is_expert_tensor(t->name))) continue;
         uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(pg - 1);
         size_t len = (size_t)((uintptr_t)t->data + t->nbytes - a);
-        /* large page-cache folios: fewer faults, and huge pages where the
-         * filesystem can map them */
-        madvise((void *)a, len, MADV_HUGEPAGE);
         if (madvise((void *)a, len, MADV_POPULATE_READ) == 0) continue;
         volatile const char *p = t->data; /* older kernels: touch every page */
         char sink = 0;
