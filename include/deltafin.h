@@ -151,6 +151,12 @@ int df_session_truncate(df_session *s, int pos, df_error *err);
 int df_session_eval(df_session *s, const int32_t *tokens, int n,
                     float *logits, int want_all_rows, df_error *err);
 
+/* ---- command-line helpers -------------------------------------------- */
+
+/* Parses a byte size as users write it: "4000000", "512M", "8G", "1.5GiB"
+ * (K/M/G/T are powers of 1024). Returns DF_OK, or DF_ERR_ARG naming `what`. */
+int df_parse_size(const char *text, const char *what, uint64_t *bytes, df_error *err);
+
 /* ---- sampling ---------------------------------------------------------- */
 
 typedef struct df_sampler_params {

@@ -94,26 +94,11 @@ static long parse_long(const char *flag, const char *v, long lo, long hi) {
     return x;
 }
 
-/* Same syntax as the other commands: "512M", "2G", "1.5GiB", "4000000". */
 static uint64_t parse_size(const char *flag, const char *v) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || !(x > 0)) die("%s expects a size such as 8G or 512M, got '%s'", flag, v);
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1048576.0; end++; break;
-    case 'g': case 'G': mul = 1073741824.0; end++; break;
-    case 't': case 'T': mul = 1099511627776.0; end++; break;
-    default: break;
-    }
-    if (*end == 'i') end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end) die("%s expects a size such as 8G or 512M, got '%s'", flag, v);
-    double b = x * mul;
-    if (b > 1e18) die("%s: '%s' is too large", flag, v);
-    return (uint64_t)b;
+    uint64_t b;
+    df_error err;
+    if (df_parse_size(v, flag, &b, &err)) die("%s", err.msg);
+    return b;
 }
 
 static void parse_opts(srv_opts *o, int argc, char **argv) {

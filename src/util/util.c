@@ -177,3 +177,27 @@ uint16_t df_f32_to_f16(float f) {
     if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
     return sign | (uint16_t)r;
 }
+
+int df_parse_size(const char *text, const char *what, uint64_t *bytes, df_error *err) {
+    char *end;
+    errno = 0;
+    double x = strtod(text, &end);
+    if (errno || end == text || !(x > 0))
+        return df_fail(err, DF_ERR_ARG, "%s expects a size such as 8G or 512M, got '%s'", what, text);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end)
+        return df_fail(err, DF_ERR_ARG, "%s expects a size such as 8G or 512M, got '%s'", what, text);
+    double b = x * mul;
+    if (b > 1e18) return df_fail(err, DF_ERR_ARG, "%s: '%s' is too large", what, text);
+    *bytes = (uint64_t)b;
+    return DF_OK;
+}
