@@ -252,12 +252,32 @@ static void attention(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b
 /* ---- feed-forward ----------------------------------------------------------------- */
 
 /* SiLU-gated MLP over n rows of xin, result into yout. */
+typedef struct {
+    const df_weight *gate, *up;
+    const float *x;
+    float *hg, *hu;
+    int n;
+} gate_up_ctx;
+
+/* Gate and up rows [r0, r1) and their SiLU product, in one dispatch: a
+ * thread's slice of both matrices streams back to back, and the pool is
+ * crossed once instead of twice (this runs for every expert of every token). */
+static void gate_up_rows(void *vctx, int r0, int r1) {
+    const gate_up_ctx *c = vctx;
+    int I = c->gate->rows, H = c->gate->cols;
+    df_matmul_rows(c->hg, I, c->x, H, c->gate->data, c->gate->dtype, c->n, r0, r1, H);
+    df_matmul_rows(c->hu, I, c->x, H, c->up->data, c->up->dtype, c->n, r0, r1, H);
+    for (int t = 0; t < c->n; t++)
+        for (int r = r0; r < r1; r++) {
+            size_t i = (size_t)t * I + r;
+            c->hg[i] = silu(c->hg[i]) * c->hu[i];
+        }
+}
+
 static void mlp(df_pool *pool, df_fwd_buf *b, const df_weight *gate, const df_weight *up,
                 const df_weight *down, const float *xin, float *yout, int n) {
-    int I = gate->rows;
-    matmul(pool, b->hg, xin, gate, n);
-    matmul(pool, b->hu, xin, up, n);
-    for (size_t i = 0; i < (size_t)n * I; i++) b->hg[i] = silu(b->hg[i]) * b->hu[i];
+    gate_up_ctx c = {gate, up, xin, b->hg, b->hu, n};
+    df_pool_for(pool, gate->rows, 16, gate_up_rows, &c);
     matmul(pool, yout, b->hg, down, n);
 }
 
