@@ -55,6 +55,8 @@ typedef struct df_engine_opts {
                               0 = min(model maximum, 4096) */
     uint64_t expert_cache; /* bytes of expert cache slots, overriding what the
                               budget leaves (0 = derive from ram_budget) */
+    int prefill_chunk;     /* rows evaluated together (layer by layer, each
+                              expert read once per chunk); 0 = 256 */
     const char *cache_policy; /* "deltafin" (default) or "lru" */
     uint64_t pin_bytes;    /* pinned tier: hottest experts (persisted heat) read
                               in at start-up and never evicted */
@@ -145,6 +147,11 @@ void df_session_free(df_session *s);
 int df_session_pos(const df_session *s);
 /* Forget everything from position `pos` on (for rejected drafts, prefix reuse). */
 int df_session_truncate(df_session *s, int pos, df_error *err);
+/* Called after every layer of a forward pass over `rows` rows, for progress
+ * displays on long prompts. */
+typedef void (*df_progress_fn)(void *user, int layer, int n_layers, int rows_done, int rows_total);
+void df_session_set_progress(df_session *s, df_progress_fn fn, void *user);
+
 /* Evaluates n tokens at the session's current position.
  * logits: NULL, or room for vocab_size floats (want_all_rows == 0: last row only)
  * or n * vocab_size floats (want_all_rows != 0). */

@@ -17,7 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define DF_CHUNK_ROWS 64
+#define DF_DEFAULT_CHUNK 256
 
 struct df_engine {
     df_model model;
@@ -31,10 +31,13 @@ struct df_engine {
     int n_stop;
     uint64_t tokens;
     double eval_s;
+    int chunk;            /* rows per forward pass */
 };
 
 struct df_session {
     df_engine *eng;
+    df_progress_fn progress;
+    void *progress_user;
     df_kv kv;
     df_fwd_buf *buf;
     int pos;
@@ -86,11 +89,11 @@ static void prefault(const df_model *m, bool experts_too) {
     }
 }
 
-static size_t session_bytes(const df_model *m, int ctx) {
+static size_t session_bytes(const df_model *m, int ctx, int chunk) {
     const df_config *c = &m->cfg;
     size_t kv = 2 * sizeof(float) * (size_t)c->num_hidden_layers * (size_t)ctx *
                 (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    return kv + df_fwd_buf_bytes(m, DF_CHUNK_ROWS, ctx);
+    return kv + df_fwd_buf_bytes(m, chunk, ctx);
 }
 
 #define BUDGET_MARGIN ((uint64_t)64 << 20) /* allocator slack, stacks, sampler */
@@ -120,7 +123,7 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
         cache = o->expert_cache;
     } else if (o->ram_budget) {
         prefault(m, false);
-        uint64_t base = rss_bytes(), need = base + session_bytes(m, ctx) + BUDGET_MARGIN;
+        uint64_t base = rss_bytes(), need = base + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN;
         if (need >= o->ram_budget) {
             free(dirs_buf);
             return df_fail(err, DF_ERR_ARG,
@@ -160,7 +163,10 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     if (nt < 1) nt = 1;
     if (nt > 256) return df_fail(err, DF_ERR_ARG, "--threads %d is out of range (1..256)", nt);
 
+    if (opts->prefill_chunk < 0 || opts->prefill_chunk > 65536)
+        return df_fail(err, DF_ERR_ARG, "prefill chunk %d is out of range (1..65536)", opts->prefill_chunk);
     df_engine *e = df_xcalloc(1, sizeof *e);
+    e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
     int rc = df_model_load(&e->model, opts->model_dir, err);
     if (rc) {
         free(e);
@@ -464,7 +470,7 @@ int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
         free(s);
         return rc;
     }
-    s->buf = df_fwd_buf_new(&e->model, DF_CHUNK_ROWS, max_ctx);
+    s->buf = df_fwd_buf_new(&e->model, e->chunk, max_ctx);
     *out = s;
     return DF_OK;
 }
@@ -477,6 +483,23 @@ void df_session_free(df_session *s) {
 }
 
 int df_session_pos(const df_session *s) { return s->pos; }
+
+void df_session_set_progress(df_session *s, df_progress_fn fn, void *user) {
+    s->progress = fn;
+    s->progress_user = user;
+}
+
+typedef struct {
+    df_session *s;
+    int done, total;
+} progress_ctx;
+
+static void on_layer(void *user, int layer, int n_layers, int rows) {
+    progress_ctx *p = user;
+    /* rows of this chunk count in proportion to the layers they have passed */
+    p->s->progress(p->s->progress_user, layer, n_layers,
+                   p->done + (int)((int64_t)rows * layer / n_layers), p->total);
+}
 
 int df_session_truncate(df_session *s, int pos, df_error *err) {
     if (pos < 0 || pos > s->pos)
@@ -505,8 +528,9 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         float *lg = NULL;
         if (logits && all_rows) lg = logits + (size_t)done * V;
         else if (logits && last) lg = logits;
+        progress_ctx pc = {s, done, n};
         int rc = df_qwen3_forward(m, s->eng->store, s->eng->pool, &s->kv, s->buf, tokens + done, T,
-                                  s->pos, lg, all_rows != 0, err);
+                                  s->pos, lg, all_rows != 0, s->progress ? on_layer : NULL, &pc, err);
         if (rc) return rc; /* the position stays: the chunk can be evaluated again */
         s->pos += T;
         done += T;

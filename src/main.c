@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int df_cache_sim_main(int argc, char **argv);
 int df_pack_main(int argc, char **argv);
@@ -61,7 +62,7 @@ typedef struct opts {
     double io_bw;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     bool chat, think, print_ids, help, stats;
-    int max_new, threads, ctx, batch;
+    int max_new, threads, ctx, batch, chunk;
     df_sampler_params sp;
     bool temp_set, top_p_set, top_k_set;
 } opts;
@@ -159,6 +160,7 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)parse_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--batch")) o->batch = (int)parse_long(a, v, 1, 1 << 24);
+        else if (!strcmp(a, "--chunk")) o->chunk = (int)parse_long(a, v, 1, 65536);
         else if (!strcmp(a, "--temp")) { o->sp.temperature = parse_float(a, v); o->temp_set = true; }
         else if (!strcmp(a, "--top-p")) { o->sp.top_p = parse_float(a, v); o->top_p_set = true; }
         else if (!strcmp(a, "--top-k")) { o->sp.top_k = (int)parse_long(a, v, 0, INT_MAX); o->top_k_set = true; }
@@ -175,7 +177,7 @@ static df_engine *open_engine(const opts *o) {
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
-                         .pin_bytes = o->pin};
+                         .pin_bytes = o->pin, .prefill_chunk = o->chunk};
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
@@ -260,6 +262,23 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token);
 }
 
+/* "prefill: layer 12/48, 300/1024 tokens, 85.3 tok/s" redrawn in place on a
+ * terminal while a long prompt is evaluated. */
+typedef struct {
+    double t0, last;
+} progress_state;
+
+static void show_progress(void *user, int layer, int n_layers, int rows_done, int rows_total) {
+    progress_state *p = user;
+    double now = now_s();
+    bool end = rows_done == rows_total;
+    if (now - p->last < 0.2 && !end) return;
+    p->last = now;
+    fprintf(stderr, "\rprefill: layer %d/%d, %d/%d tokens, %.1f tok/s   ", layer, n_layers, rows_done,
+            rows_total, now > p->t0 ? rows_done / (now - p->t0) : 0.0);
+    if (end) fprintf(stderr, "\r%70s\r", "");
+}
+
 static const char RUN_HELP[] =
     "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n"
     "\n"
@@ -278,6 +297,8 @@ static const char RUN_HELP[] =
     "  --threads N          compute threads (default: all CPUs)\n"
     "  --ctx N              context length to allocate (default: min(model max, 4096))\n"
     "  --isa PATH           kernel path: auto, avx512, avx2, c\n"
+    "  --chunk N            prompt rows evaluated together, layer by layer, so each expert\n"
+    "                       is read once per chunk (default 256)\n"
     "  --print-ids          print generated token ids instead of text\n"
     "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
     "                       comma-separated directories, one per drive\n"
@@ -301,7 +322,7 @@ static int cmd_run(int argc, char **argv) {
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy ");
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
@@ -353,7 +374,10 @@ static int cmd_run(int argc, char **argv) {
     df_stats st0, prev, now;
     df_engine_stats(e, &st0);
     double t0 = now_s();
+    progress_state ps = {t0, t0};
+    if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
     if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
+    df_session_set_progress(s, NULL, NULL);
     double t1 = now_s();
     df_engine_stats(e, &prev);
     report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
@@ -464,7 +488,7 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"

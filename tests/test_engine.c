@@ -35,8 +35,9 @@ static void init_tokens(void) {
 }
 
 /* Logits of all NTOK rows, fed `step` tokens per call. */
-static float *run(const char *dir, int threads, const char *isa, int step, int *vocab) {
-    df_engine_opts o = {.model_dir = dir, .n_threads = threads, .isa = isa};
+static float *run_chunk(const char *dir, int threads, const char *isa, int step, int chunk,
+                        int *vocab) {
+    df_engine_opts o = {.model_dir = dir, .n_threads = threads, .isa = isa, .prefill_chunk = chunk};
     df_engine *e;
     df_error err;
     int rc = df_engine_open(&e, &o, &err);
@@ -56,12 +57,16 @@ static float *run(const char *dir, int threads, const char *isa, int step, int *
     return lg;
 }
 
+static float *run(const char *dir, int threads, const char *isa, int step, int *vocab) {
+    return run_chunk(dir, threads, isa, step, 0, vocab);
+}
+
 static void check_identical(int which) {
     int V;
     float *ref = run(model(which), 1, "c", 1, &V);
-    struct { int threads; const char *isa; int step; } arms[] = {
-        {1, "c", NTOK}, {2, "c", 7}, {2, NULL, NTOK}, {1, NULL, 1}, {3, NULL, 13},
-        {2, "avx2", NTOK}, {2, "avx512", 5},
+    struct { int threads; const char *isa; int step, chunk; } arms[] = {
+        {1, "c", NTOK, 0}, {2, "c", 7, 0}, {2, NULL, NTOK, 0}, {1, NULL, 1, 0}, {3, NULL, 13, 0},
+        {2, "avx2", NTOK, 0}, {2, "avx512", 5, 0}, {2, NULL, NTOK, 7}, {1, NULL, NTOK, 64},
     };
     int checked = 0;
     for (size_t a = 0; a < sizeof arms / sizeof arms[0]; a++) {
@@ -70,16 +75,18 @@ static void check_identical(int which) {
             if (want < 0 || (int)df_isa_detect() < want) continue; /* CPU lacks it */
         }
         int V2;
-        float *got = run(model(which), arms[a].threads, arms[a].isa, arms[a].step, &V2);
+        float *got = run_chunk(model(which), arms[a].threads, arms[a].isa, arms[a].step,
+                               arms[a].chunk, &V2);
         assert_int_equal(V, V2);
         for (int r = 0; r < NTOK; r++)
             if (memcmp(ref + (size_t)r * V, got + (size_t)r * V, sizeof(float) * (size_t)V) != 0)
-                fail_msg("arm %zu (threads %d, isa %s, step %d): row %d differs", a,
-                         arms[a].threads, arms[a].isa ? arms[a].isa : "auto", arms[a].step, r);
+                fail_msg("arm %zu (threads %d, isa %s, step %d, chunk %d): row %d differs", a,
+                         arms[a].threads, arms[a].isa ? arms[a].isa : "auto", arms[a].step,
+                         arms[a].chunk, r);
         free(got);
         checked++;
     }
-    assert_true(checked >= 5);
+    assert_true(checked >= 7);
     /* the check itself can fail: a perturbed row is noticed */
     float *again = run(model(which), 2, NULL, NTOK, &V);
     again[(size_t)3 * V + 5] = nextafterf(again[(size_t)3 * V + 5], INFINITY);

@@ -74,9 +74,11 @@ struct df_store;
  * their K/V into kv. logits: NULL, or [T][vocab] when all_rows, else [vocab]
  * for the last row. store: where routed experts come from (NULL: the mapped
  * checkpoint). A row's results do not depend on T, the thread count, or where
- * the experts came from. Fails only on expert read errors. */
+ * the experts came from. on_layer (may be NULL) is called after each layer.
+ * Fails only on expert read errors. */
+typedef void (*df_layer_cb)(void *user, int layers_done, int n_layers, int rows);
 int df_qwen3_forward(const df_model *m, struct df_store *store, df_pool *pool, df_kv *kv,
                      df_fwd_buf *b, const int32_t *tokens, int T, int pos0, float *logits,
-                     bool all_rows, df_error *err);
+                     bool all_rows, df_layer_cb on_layer, void *user, df_error *err);
 
 #endif

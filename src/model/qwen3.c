@@ -395,7 +395,7 @@ static int feed_forward(const df_model *m, df_store *store, df_pool *pool, df_fw
 
 int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *kv,
                      df_fwd_buf *b, const int32_t *tokens, int T, int pos0, float *logits,
-                     bool all_rows, df_error *err) {
+                     bool all_rows, df_layer_cb on_layer, void *user, df_error *err) {
     const df_config *c = &m->cfg;
     int H = c->hidden_size;
     for (int t = 0; t < T; t++) embed_row(m, tokens[t], b->x + (size_t)t * H);
@@ -403,6 +403,7 @@ int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *k
         attention(m, pool, kv, b, li, T, pos0);
         int rc = feed_forward(m, store, pool, b, li, T, err);
         if (rc) return rc;
+        if (on_layer) on_layer(user, li + 1, c->num_hidden_layers, T);
     }
     if (store) df_store_end_step(store);
     if (!logits) return DF_OK;
