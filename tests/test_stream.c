@@ -240,6 +240,23 @@ static void test_corrupt_record(void **state) {
     fclose(f);
 }
 
+/* Short reads and EINTR, as the kernel may report them, are continued and
+ * retried: the results stay exact (and the checksums pass). */
+static void test_short_reads_and_eintr(void **state) {
+    (void)state;
+    setenv("DF_TEST_IO_FAULTS", "short,eintr", 1);
+    arm a = {pack1, 3, 2, 1}, b = {packs2, 5, 1, NTOK}, c = {NULL, 2, 2, 7};
+    check(&a);
+    check(&b);
+    check(&c);
+    df_stats st;
+    arm d = {pack1, 3, 1, NTOK};
+    free(run(&d, &st));
+    unsetenv("DF_TEST_IO_FAULTS");
+    assert_int_equal(st.expert_rereads, 0);
+    assert_true(st.expert_misses > 0);
+}
+
 static void test_missing_pack(void **state) {
     (void)state;
     df_engine_opts o = {.model_dir = moe_dir, .experts = "/nonexistent/pack-dir"};
@@ -263,7 +280,8 @@ int main(void) {
         cmocka_unit_test(test_pack_every_budget), cmocka_unit_test(test_striped),
         cmocka_unit_test(test_safetensors_path),  cmocka_unit_test(test_stats),
         cmocka_unit_test(test_heat_and_pin),
-        cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_missing_pack),
+        cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_short_reads_and_eintr),
+        cmocka_unit_test(test_missing_pack),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -76,6 +76,10 @@ struct df_store {
     int n_queue;
     int last_slot;      /* handed out by the previous df_store_next */
     int st_pinned;      /* experts read in at start-up (pinned tier) */
+    /* Fault injection for tests (DF_TEST_IO_FAULTS=short,eintr): completions
+     * are reported as short reads or EINTR, as a kernel may report them. */
+    bool fault_short, fault_eintr;
+    uint64_t n_completions;
     df_error fail;      /* sticky error from a completion */
     bool failed;
 };
@@ -267,6 +271,9 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->want = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->handed = df_xcalloc((size_t)s->E, sizeof(bool));
     s->queue = df_xmalloc(sizeof(int) * (size_t)s->E);
+    const char *faults = getenv("DF_TEST_IO_FAULTS");
+    s->fault_short = faults && strstr(faults, "short");
+    s->fault_eintr = faults && strstr(faults, "eintr");
     int r = io_uring_queue_init(RING_DEPTH, &s->ring, 0);
     if (r < 0) {
         rc = df_fail(err, DF_ERR_IO, "io_uring_queue_init: %s", strerror(-r));
@@ -368,6 +375,19 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
     io_uring_cqe_seen(&s->ring, cqe);
     slot *x = &s->slots[si];
     int layer = x->key / s->E, e = x->key % s->E;
+    s->n_completions++;
+    if (s->fault_eintr && res > 0 && s->n_completions % 3 == 0) res = -EINTR;
+    if (s->fault_short && res > 8192) {
+        /* pretend only the first part arrived, and spoil the rest so that a
+         * continuation that skipped it could not pass */
+        int fd;
+        uint64_t foff, len;
+        size_t moff;
+        op_geometry(s, layer, e, op, &fd, &foff, &len, &moff);
+        int part = (res / 2) & ~4095; /* stays O_DIRECT-aligned */
+        memset(x->mem + moff + x->done[op] + part, 0xA5, (size_t)(res - part));
+        res = part;
+    }
     if (res == -EINTR || res == -EAGAIN) {
         submit_op(s, si, op);
         return -1;
