@@ -98,9 +98,30 @@ static size_t session_bytes(const df_model *m, int ctx, int chunk) {
 
 #define BUDGET_MARGIN ((uint64_t)64 << 20) /* allocator slack, stacks, sampler */
 
-static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err) {
+/* Sizes the budget: the context it reserves room for, and what is left once the
+ * weights that stay in RAM (the experts too, when they do not stream), the
+ * tokenizer and one session are in. Fails when that is nothing. */
+static int budget_left(df_engine *e, const df_engine_opts *o, bool experts_resident, uint64_t *left,
+                       df_error *err) {
     const df_model *m = &e->model;
     const df_config *c = &m->cfg;
+    int ctx = o->context > 0 ? o->context : (c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096);
+    if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+    e->ram_budget = o->ram_budget;
+    e->budget_ctx = ctx;
+    prefault(m, experts_resident);
+    uint64_t need = rss_bytes() + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN;
+    if (need >= o->ram_budget)
+        return df_fail(err, DF_ERR_ARG,
+                       "--ram-budget %.1f MiB is too small: the weights kept in RAM, the tokenizer "
+                       "and a %d-token context already need %.1f MiB",
+                       (double)o->ram_budget / 1048576.0, ctx, (double)need / 1048576.0);
+    *left = o->ram_budget - need;
+    return DF_OK;
+}
+
+static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err) {
+    const df_model *m = &e->model;
     char *dirs_buf = NULL;
     const char *dirs[DF_PACK_MAX_STRIPES];
     int n_dirs = 0;
@@ -114,30 +135,17 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
             dirs[n_dirs++] = tok;
         }
     }
-    e->ram_budget = o->ram_budget;
-    int ctx = o->context > 0 ? o->context : (c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096);
-    if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
-    e->budget_ctx = ctx;
-    uint64_t cache;
+    uint64_t cache = UINT64_MAX / 2; /* no budget: room for every expert */
+    int rc;
     if (o->expert_cache) {
         cache = o->expert_cache;
-    } else if (o->ram_budget) {
-        prefault(m, false);
-        uint64_t base = rss_bytes(), need = base + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN;
-        if (need >= o->ram_budget) {
-            free(dirs_buf);
-            return df_fail(err, DF_ERR_ARG,
-                           "--ram-budget %.1f MiB is too small: always-active weights, tokenizer and a "
-                           "%d-token context already need %.1f MiB",
-                           (double)o->ram_budget / 1048576.0, ctx, (double)need / 1048576.0);
-        }
-        cache = o->ram_budget - need;
-    } else {
-        cache = UINT64_MAX / 2; /* every expert */
+    } else if (o->ram_budget && (rc = budget_left(e, o, false, &cache, err))) {
+        free(dirs_buf);
+        return rc;
     }
     df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache,
                         .policy = o->cache_policy, .pin_bytes = o->pin_bytes};
-    int rc = df_store_open(&e->store, m, &so, err);
+    rc = df_store_open(&e->store, m, &so, err);
     free(dirs_buf);
     return rc;
 }
@@ -182,10 +190,12 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     }
     const df_config *c = &e->model.cfg;
     if ((opts->experts && *opts->experts) || opts->ram_budget || opts->expert_cache) {
-        if (c->num_experts <= 0 && !opts->experts) {
-            /* a dense model under a budget: nothing to stream, but the budget
-             * still has to hold the whole model */
-        } else if ((rc = setup_streaming(e, opts, err))) {
+        uint64_t unused;
+        /* a dense model has nothing to stream: the budget must hold all of it */
+        rc = c->num_experts <= 0 && !opts->experts
+                 ? (opts->ram_budget ? budget_left(e, opts, true, &unused, err) : DF_OK)
+                 : setup_streaming(e, opts, err);
+        if (rc) {
             df_tokenizer_free(e->tok);
             df_model_free(&e->model);
             free(e);

@@ -110,6 +110,8 @@ back=$("$ENG" tokenize --model "$GOOD" --decode "$(echo "$ids" | tr ' ' ',')" 2>
 [ "$back" = "$txt" ] && ok tokenize-roundtrip || bad tokenize-roundtrip "'$ids' -> '$back'"
 if "$ENG" run --model "$GOOD" --prompt-tokens 1,2,3 --max-new 5 --temp 0 --print-ids >"$T/out" 2>&1 \
    && [ "$(wc -w <"$T/out")" -eq 5 ]; then ok run-ids; else bad run-ids "$(cat "$T/out")"; fi
+# a dense model has nothing to stream: a budget it cannot fit in is refused, not ignored
+expect_error dense-budget-too-small "ram-budget 20.0 MiB is too small" "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 1 --ram-budget 20M
 expect_error run-token-out-of-vocab "outside the vocabulary" "$ENG" run --model "$GOOD" --prompt-tokens 999999 --max-new 1
 
 echo "$pass passed, $fail failed"
