@@ -38,7 +38,6 @@ typedef struct slot {
     int pin;            /* in use by the current layer */
     int ops_left;       /* operations still in flight */
     int retried;
-    uint64_t last_use;
     char *mem;
     uint64_t done[MAX_OPS]; /* bytes completed per operation */
     uint64_t len[MAX_OPS];  /* bytes each operation reads */
@@ -65,7 +64,6 @@ struct df_store {
     int32_t *slotv;     /* per request: the policy's answer */
     int32_t *ids32;
     uint8_t *hitv;
-    uint64_t tick;
     df_store_stats st;
     /* current layer */
     int layer;
@@ -452,7 +450,6 @@ static void assign(df_store *s, int si, int key) {
     x->key = key;
     x->pin = 1;
     x->retried = 0;
-    x->last_use = ++s->tick;
     s->key_slot[key] = si;
     start_read(s, si);
 }
@@ -510,7 +507,6 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
             }
             s->st.hits++;
             s->slots[si].pin = 1;
-            s->slots[si].last_use = ++s->tick;
             continue;
         }
         s->st.misses++;
