@@ -70,10 +70,8 @@ NEW=${NEW:-128}
 EXPERT_BYTES=$("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p')
 RECORD=$((EXPERT_BYTES / 1024))  # 8 layers x 128 experts: one record
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || say "(cannot drop caches: not root)"; }
-drop
-IOBW=$("$B/bench_io" -s "$RECORD" -d 8 -t 5 "$PACK/experts.bin" | tee -a "$LOG" | awk '{print $2}')
 say ""
-say "## streaming decode: budget $BUDGET, experts $((EXPERT_BYTES / 1048576)) MiB, $NEW tokens, teacher-forced, cold cache, O_DIRECT bandwidth $IOBW GB/s"
+say "## streaming decode: budget $BUDGET, experts $((EXPERT_BYTES / 1048576)) MiB, $NEW tokens, teacher-forced, cold cache"
 P16=$(/usr/bin/python3 -c 'import random; r=random.Random(4); print(",".join(str(r.randrange(1000, 100000)) for _ in range(16)))')
 EV=$OUT/stream-events
 rm -rf "$EV"; mkdir -p "$EV"
@@ -93,7 +91,7 @@ for i in $(seq "$REPS"); do
         say "$arm rep $i: $(grep '"summary"' "$EV/$arm-$i.jsonl")"
     done
 done
-/usr/bin/python3 - "$EV" "$IOBW" <<'PYEOF' | tee -a "$LOG"
+/usr/bin/python3 - "$EV" <<'PYEOF' | tee -a "$LOG"
 import glob, json, statistics, sys
 ev = sys.argv[1]
 iobw = statistics.median(float(x) for x in open(f"{ev}/iobw.txt"))
