@@ -56,10 +56,18 @@ typedef struct df_engine_opts {
     uint64_t expert_cache; /* bytes of expert cache slots, overriding what the
                               budget leaves (0 = derive from ram_budget) */
     int prefill_chunk;     /* rows evaluated together (layer by layer, each
-                              expert read once per chunk); 0 = 256 */
+                              expert read once per chunk); 0 = 512 */
     const char *cache_policy; /* "deltafin" (default) or "lru" */
     uint64_t pin_bytes;    /* pinned tier: hottest experts (persisted heat) read
                               in at start-up and never evicted */
+    /* Read-ahead of streamed experts. prefetch: NULL/"on" = per layer, the
+     * better of the router lookahead and the previous token's experts while
+     * its running recall reaches prefetch_min_recall, else nothing; "router" or
+     * "prev" force one predictor; "off". prefetch_depth: MoE layers ahead the
+     * router lookahead runs (1..8, 0 = 1). prefetch_min_recall: 0 = 0.5. */
+    const char *prefetch;
+    int prefetch_depth;
+    double prefetch_min_recall;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -102,8 +110,28 @@ typedef struct df_stats {
     uint64_t cache_bytes;
     const char *expert_source;  /* "resident", "pack" or "safetensors" */
     int direct_io;              /* pack read with O_DIRECT */
+    const char *prefetch;       /* "off", "on", "router" or "prev" */
+    int prefetch_depth;
+    uint64_t prefetch_reads;    /* records read on a prediction */
+    uint64_t prefetch_hits;     /* misses whose read a prediction had started */
+    uint64_t prefetch_bytes_used;
+    uint64_t prefetch_bytes_wasted; /* read on a prediction the layer did not use */
+    uint64_t prefetch_no_room;  /* predicted experts not read for lack of a free slot */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
+
+/* Per MoE layer prediction quality. predicted/correct/actual count experts over
+ * the steps where a prediction was issued: recall = correct/actual, precision =
+ * correct/predicted. recall_router/recall_prev are the running recalls the gate
+ * compares; `using` is what the layer uses now ("router", "prev", "none"). */
+typedef struct df_prefetch_layer {
+    int layer;            /* model layer */
+    const char *using;
+    double recall_router, recall_prev;
+    uint64_t predicted, correct, actual;
+} df_prefetch_layer;
+/* Fills up to cap entries; returns the number of MoE layers (0: not streaming). */
+int df_engine_prefetch_layers(const df_engine *eng, df_prefetch_layer *out, int cap);
 
 /* Human-readable config, tensor inventory and byte counts. */
 void df_engine_inspect(const df_engine *eng, FILE *out);

@@ -7,6 +7,7 @@
 #include "deltafin.h"
 
 #include "experts/pack.h"
+#include "experts/prefetch.h"
 #include "experts/store.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -17,7 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define DF_DEFAULT_CHUNK 256
+#define DF_DEFAULT_CHUNK 512
 
 struct df_engine {
     df_model model;
@@ -110,6 +111,13 @@ static int budget_left(df_engine *e, const df_engine_opts *o, bool experts_resid
     e->ram_budget = o->ram_budget;
     e->budget_ctx = ctx;
     prefault(m, experts_resident);
+    /* The default chunk is a speed choice, not a promise: under a tight budget
+     * it shrinks so that its buffers take at most a quarter of what the
+     * weights and the KV cache leave, the rest going to expert slots. */
+    uint64_t fixed = rss_bytes() + session_bytes(m, ctx, 0) + BUDGET_MARGIN;
+    if (!o->prefill_chunk && fixed < o->ram_budget)
+        while (e->chunk > 16 && df_fwd_buf_bytes(m, e->chunk, ctx) > (o->ram_budget - fixed) / 4)
+            e->chunk /= 2;
     uint64_t need = rss_bytes() + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN;
     if (need >= o->ram_budget)
         return df_fail(err, DF_ERR_ARG,
@@ -144,7 +152,9 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
         return rc;
     }
     df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache,
-                        .policy = o->cache_policy, .pin_bytes = o->pin_bytes};
+                        .policy = o->cache_policy, .pin_bytes = o->pin_bytes,
+                        .prefetch = o->prefetch, .prefetch_depth = o->prefetch_depth,
+                        .prefetch_min_recall = o->prefetch_min_recall > 0 ? o->prefetch_min_recall : -1};
     rc = df_store_open(&e->store, m, &so, err);
     free(dirs_buf);
     return rc;
@@ -269,6 +279,31 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->cache_bytes = (uint64_t)df_store_slots(e->store) * df_store_slot_bytes(e->store);
     o->expert_source = df_store_source(e->store);
     o->direct_io = df_store_direct(e->store);
+    o->prefetch = df_store_prefetch_mode(e->store);
+    o->prefetch_depth = df_store_prefetch_depth(e->store);
+    o->prefetch_reads = s.prefetch_reads;
+    o->prefetch_hits = s.prefetch_hits;
+    o->prefetch_bytes_used = s.prefetch_bytes_used;
+    o->prefetch_bytes_wasted = s.prefetch_bytes_wasted;
+    o->prefetch_no_room = s.prefetch_no_room;
+}
+
+int df_engine_prefetch_layers(const df_engine *e, df_prefetch_layer *out, int cap) {
+    if (!e->store) return 0;
+    int n = 0;
+    for (int li = 0; li < e->model.cfg.num_hidden_layers; li++) {
+        if (!e->model.layers[li].is_moe) continue;
+        if (n < cap) {
+            df_pf_layer_stats st;
+            df_store_prefetch_layer(e->store, n, &st);
+            out[n] = (df_prefetch_layer){.layer = li, .using = df_pf_choice_name(st.choice),
+                                         .recall_router = st.recall_router, .recall_prev = st.recall_prev,
+                                         .predicted = st.predicted, .correct = st.correct,
+                                         .actual = st.actual};
+        }
+        n++;
+    }
+    return n;
 }
 
 static const char *rope_name(df_rope_type t) {

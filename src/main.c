@@ -57,12 +57,12 @@ static double now_s(void) {
 
 typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
-    const char *experts, *events, *policy;
+    const char *experts, *events, *policy, *prefetch;
     uint64_t ram_budget, expert_cache, pin;
-    double io_bw;
+    double io_bw, prefetch_min_recall;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     bool chat, think, print_ids, help, stats;
-    int max_new, threads, ctx, batch, chunk;
+    int max_new, threads, ctx, batch, chunk, prefetch_depth;
     df_sampler_params sp;
     bool temp_set, top_p_set, top_k_set;
 } opts;
@@ -155,6 +155,13 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
         else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
         else if (!strcmp(a, "--policy")) o->policy = v;
+        else if (!strcmp(a, "--prefetch")) o->prefetch = v;
+        else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)parse_long(a, v, 1, 8);
+        else if (!strcmp(a, "--prefetch-min-recall")) {
+            o->prefetch_min_recall = parse_float(a, v);
+            if (o->prefetch_min_recall <= 0 || o->prefetch_min_recall > 1)
+                die("--prefetch-min-recall expects a number in (0, 1], got '%s'", v);
+        }
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
         else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
@@ -177,7 +184,9 @@ static df_engine *open_engine(const opts *o) {
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
-                         .pin_bytes = o->pin, .prefill_chunk = o->chunk};
+                         .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
+                         .prefetch_depth = o->prefetch_depth,
+                         .prefetch_min_recall = o->prefetch_min_recall};
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
@@ -202,21 +211,71 @@ static void report(FILE *ev, bool text, const char *what, int rows, const df_sta
                    const df_stats *b, double secs) {
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
     uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
+    uint64_t pf_hits = b->prefetch_hits - a->prefetch_hits;
+    uint64_t pf_used = b->prefetch_bytes_used - a->prefetch_bytes_used;
+    uint64_t pf_waste = b->prefetch_bytes_wasted - a->prefetch_bytes_wasted;
     double wait = b->read_wait_s - a->read_wait_s, compute = secs - wait;
     if (text && strcmp(what, "token") == 0)
         fprintf(stderr,
-                "[%s] %.3f s (%.2f tok/s)  read %.1f MB at %.3f GB/s  hits %llu misses %llu  "
-                "wait %.3f s compute %.3f s\n",
+                "[%s] %.3f s (%.2f tok/s)  read %.1f MB at %.3f GB/s  hits %llu misses %llu "
+                "(prefetched %llu)  wait %.3f s compute %.3f s\n",
                 what, secs, secs > 0 ? rows / secs : 0.0, (double)bytes / 1e6,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0, (unsigned long long)hits,
-                (unsigned long long)miss, wait, compute);
+                (unsigned long long)miss, (unsigned long long)pf_hits, wait, compute);
     if (ev)
         fprintf(ev,
                 "{\"event\":\"%s\",\"rows\":%d,\"seconds\":%.6f,\"expert_bytes_read\":%llu,"
-                "\"expert_hits\":%llu,\"expert_misses\":%llu,\"read_wait_s\":%.6f,\"compute_s\":%.6f,"
-                "\"read_bandwidth_gbs\":%.4f}\n",
+                "\"expert_hits\":%llu,\"expert_misses\":%llu,\"prefetch_hits\":%llu,"
+                "\"prefetch_bytes_used\":%llu,\"prefetch_bytes_wasted\":%llu,"
+                "\"read_wait_s\":%.6f,\"compute_s\":%.6f,\"read_bandwidth_gbs\":%.4f}\n",
                 what, rows, secs, (unsigned long long)bytes, (unsigned long long)hits,
-                (unsigned long long)miss, wait, compute, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+                (unsigned long long)miss, (unsigned long long)pf_hits, (unsigned long long)pf_used,
+                (unsigned long long)pf_waste, wait, compute,
+                secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+}
+
+/* Per MoE layer: what the prefetcher uses and how well its predictions did. */
+static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *st) {
+    int n = df_engine_prefetch_layers(e, NULL, 0);
+    if (!n) return;
+    df_prefetch_layer *pl = malloc(sizeof *pl * (size_t)n);
+    df_engine_prefetch_layers(e, pl, n);
+    uint64_t P = 0, C = 0, A = 0;
+    for (int i = 0; i < n; i++) P += pl[i].predicted, C += pl[i].correct, A += pl[i].actual;
+    if (text) {
+        fprintf(stderr,
+                "prefetch: %s, depth %d; read ahead %llu experts, %.1f MB used, %.1f MB wasted, "
+                "%llu not read (no free slot); recall %.3f precision %.3f\n",
+                st->prefetch, st->prefetch_depth, (unsigned long long)st->prefetch_reads,
+                (double)st->prefetch_bytes_used / 1e6, (double)st->prefetch_bytes_wasted / 1e6,
+                (unsigned long long)st->prefetch_no_room, A ? (double)C / (double)A : 0.0,
+                P ? (double)C / (double)P : 0.0);
+        fprintf(stderr, "  layer  using   recall  precision  running recall: router  prev\n");
+        for (int i = 0; i < n; i++)
+            fprintf(stderr, "  %5d  %-6s  %6.3f  %9.3f  %22.3f  %5.3f\n", pl[i].layer, pl[i].using,
+                    pl[i].actual ? (double)pl[i].correct / (double)pl[i].actual : 0.0,
+                    pl[i].predicted ? (double)pl[i].correct / (double)pl[i].predicted : 0.0,
+                    pl[i].recall_router, pl[i].recall_prev);
+    }
+    if (ev) {
+        fprintf(ev,
+                "{\"event\":\"prefetch\",\"mode\":\"%s\",\"depth\":%d,\"reads\":%llu,\"hits\":%llu,"
+                "\"bytes_used\":%llu,\"bytes_wasted\":%llu,\"no_room\":%llu,\"recall\":%.4f,"
+                "\"precision\":%.4f,\"layers\":[",
+                st->prefetch, st->prefetch_depth, (unsigned long long)st->prefetch_reads,
+                (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_bytes_used,
+                (unsigned long long)st->prefetch_bytes_wasted, (unsigned long long)st->prefetch_no_room,
+                A ? (double)C / (double)A : 0.0, P ? (double)C / (double)P : 0.0);
+        for (int i = 0; i < n; i++)
+            fprintf(ev,
+                    "%s{\"layer\":%d,\"using\":\"%s\",\"predicted\":%llu,\"correct\":%llu,"
+                    "\"actual\":%llu,\"recall_router\":%.4f,\"recall_prev\":%.4f}",
+                    i ? "," : "", pl[i].layer, pl[i].using, (unsigned long long)pl[i].predicted,
+                    (unsigned long long)pl[i].correct, (unsigned long long)pl[i].actual,
+                    pl[i].recall_router, pl[i].recall_prev);
+        fprintf(ev, "]}\n");
+    }
+    free(pl);
 }
 
 static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
@@ -225,8 +284,11 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
     double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
     uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
+    uint64_t waste = b->prefetch_bytes_wasted - a->prefetch_bytes_wasted;
     double wait = b->read_wait_s - a->read_wait_s;
-    double per_tok = n_dec ? (double)bytes / n_dec : 0;
+    /* Missed bytes are what the tokens needed and the cache did not hold; a
+     * wrong prediction's read is waste, not need. */
+    double per_tok = n_dec ? (double)(bytes > waste ? bytes - waste : 0) / n_dec : 0;
     double bw = dec_s > 0 ? (double)bytes / dec_s : 0;
     /* The I/O bound: tokens/s if every missed byte streamed at the measured
      * device bandwidth and nothing else took time. */
@@ -235,12 +297,14 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
         fprintf(stderr,
                 "summary: prefill %zu tokens %.3f s (%.2f tok/s) | decode %d tokens %.3f s (%.3f tok/s)\n"
                 "  experts: %s, cache %d slots (%.1f MiB, %d pinned); hits %llu misses %llu (hit rate %.1f%%)\n"
-                "  read %.1f MB (%.2f MB/token) at %.3f GB/s; waiting on reads %.3f s, computing %.3f s\n",
+                "  read %.1f MB (%.2f MB/token missed, %.1f MB wasted) at %.3f GB/s; waiting on reads "
+                "%.3f s (%.4f s/token), computing %.3f s\n",
                 n_prompt, prefill_s, prefill_s > 0 ? (double)n_prompt / prefill_s : 0, n_dec, dec_s, tps,
                 b->expert_source, b->cache_slots, (double)b->cache_bytes / 1048576.0,
                 b->pinned_experts, (unsigned long long)hits, (unsigned long long)miss,
                 hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 0.0, (double)bytes / 1e6,
-                per_tok / 1e6, bw / 1e9, wait, dec_s - wait);
+                per_tok / 1e6, (double)waste / 1e6, bw / 1e9, wait, n_dec ? wait / n_dec : 0.0,
+                dec_s - wait);
         if (bound > 0)
             fprintf(stderr, "  I/O bound %.3f tok/s at %.3f GB/s measured: achieved %.2f of it\n", bound,
                     io_bw, tps / bound);
@@ -253,12 +317,13 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "{\"event\":\"summary\",\"prompt_tokens\":%zu,\"prefill_s\":%.6f,\"decode_tokens\":%d,"
                 "\"decode_s\":%.6f,\"tokens_per_s\":%.6f,\"expert_source\":\"%s\",\"cache_slots\":%d,"
                 "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_bytes_read\":%llu,"
-                "\"bytes_missed_per_token\":%.1f,\"read_bandwidth_gbs\":%.4f,\"read_wait_s\":%.6f,"
+                "\"bytes_missed_per_token\":%.1f,\"prefetch_bytes_wasted\":%llu,"
+                "\"read_bandwidth_gbs\":%.4f,\"read_wait_s\":%.6f,\"prefetch\":\"%s\","
                 "\"io_bound_tokens_per_s\":%.6f,\"fraction_of_bound\":%.4f,\"peak_rss_bytes\":%llu,"
                 "\"active_bytes_per_token\":%llu}\n",
                 n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
                 (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
-                bw / 1e9, wait, bound, bound > 0 ? tps / bound : 0.0,
+                (unsigned long long)waste, bw / 1e9, wait, b->prefetch ? b->prefetch : "off", bound, bound > 0 ? tps / bound : 0.0,
                 (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token);
 }
 
@@ -298,7 +363,7 @@ static const char RUN_HELP[] =
     "  --ctx N              context length to allocate (default: min(model max, 4096))\n"
     "  --isa PATH           kernel path: auto, avx512, avx2, c\n"
     "  --chunk N            prompt rows evaluated together, layer by layer, so each expert\n"
-    "                       is read once per chunk (default 256)\n"
+    "                       is read once per chunk (default 512)\n"
     "  --print-ids          print generated token ids instead of text\n"
     "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
     "                       comma-separated directories, one per drive\n"
@@ -307,6 +372,11 @@ static const char RUN_HELP[] =
     "                       --experts, experts stream from the safetensors (page cache)\n"
     "  --expert-cache SIZE  size the expert cache directly instead of from --ram-budget\n"
     "  --policy P           expert cache policy: deltafin (default) or lru\n"
+    "  --prefetch MODE      read predicted experts ahead of need: on (default; per layer\n"
+    "                       the better of the router lookahead and the previous token's\n"
+    "                       experts while its running recall pays), router, prev, off\n"
+    "  --prefetch-depth N   MoE layers ahead the router lookahead runs (1..8, default 1)\n"
+    "  --prefetch-min-recall R  the gate's recall threshold (default 0.5)\n"
     "  --pin SIZE           pinned tier: the hottest experts by the heat histogram kept next\n"
     "                       to the pack (experts.heat) are read at start-up and never evicted\n"
     "  --stats              per-token and summary statistics on stderr: tokens/s, expert\n"
@@ -322,7 +392,8 @@ static int cmd_run(int argc, char **argv) {
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk ");
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk"
+          " --prefetch --prefetch-depth --prefetch-min-recall ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
@@ -423,6 +494,7 @@ static int cmd_run(int argc, char **argv) {
     if (o.stats || ev) {
         report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
         summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw);
+        prefetch_report(ev, o.stats, e, &prev);
     }
     if (ev) fclose(ev);
     free(hist);
@@ -488,7 +560,7 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk --prefetch --prefetch-depth --prefetch-min-recall ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"

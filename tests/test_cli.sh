@@ -114,5 +114,15 @@ if "$ENG" run --model "$GOOD" --prompt-tokens 1,2,3 --max-new 5 --temp 0 --print
 expect_error dense-budget-too-small "ram-budget 20.0 MiB is too small" "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 1 --ram-budget 20M
 expect_error run-token-out-of-vocab "outside the vocabulary" "$ENG" run --model "$GOOD" --prompt-tokens 999999 --max-new 1
 
+# prefetch options: checked values, and the per-layer report under --stats
+MOE=$MODELS/engine-moe
+expect_error prefetch-bad-mode "unknown prefetch mode 'sometimes'" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --ram-budget 400M --prefetch sometimes
+expect_error prefetch-bad-depth "--prefetch-depth expects an integer in 1..8" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-depth 0
+expect_error prefetch-bad-recall "--prefetch-min-recall expects a number in" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-recall 1.5
+if "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
+       --prefetch router --prefetch-depth 1 --stats --events "$T/ev" >"$T/out" 2>"$T/err" \
+   && grep -q "^prefetch: router, depth 1" "$T/err" && grep -qE "^ +2 +router" "$T/err" \
+   && grep -q '"event":"prefetch"' "$T/ev"; then ok prefetch-stats; else bad prefetch-stats "$(tail -5 "$T/err")"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -28,6 +28,8 @@ typedef struct arm {
     int slots;           /* 0: no store (resident) */
     int threads;
     int step;            /* tokens per eval call */
+    const char *prefetch; /* NULL: the default (gated) */
+    int depth;
 } arm;
 
 static size_t slot_bytes(const char *experts) {
@@ -43,7 +45,8 @@ static size_t slot_bytes(const char *experts) {
 }
 
 static float *run(const arm *a, df_stats *st_out) {
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = a->threads, .experts = a->experts};
+    df_engine_opts o = {.model_dir = moe_dir, .n_threads = a->threads, .experts = a->experts,
+                        .prefetch = a->prefetch, .prefetch_depth = a->depth};
     if (a->slots) o.expert_cache = (uint64_t)a->slots * slot_bytes(a->experts);
     df_engine *e;
     df_error err;
@@ -83,7 +86,7 @@ static int setup(void **state) {
         x = x * 1664525u + 1013904223u;
         toks[i] = (int32_t)((x >> 8) % 1000);
     }
-    arm r = {NULL, 0, 2, NTOK};
+    arm r = {NULL, 0, 2, NTOK, NULL, 0};
     df_engine_opts o = {.model_dir = moe_dir};
     df_engine *e;
     if (df_engine_open(&e, &o, &err)) return -1;
@@ -105,8 +108,10 @@ static void check(const arm *a) {
     float *got = run(a, NULL);
     for (int r = 0; r < NTOK; r++)
         if (memcmp(ref + (size_t)r * V, got + (size_t)r * V, sizeof(float) * (size_t)V))
-            fail_msg("experts %s, %d slots, %d threads, step %d: row %d differs from resident",
-                     a->experts ? a->experts : "safetensors", a->slots, a->threads, a->step, r);
+            fail_msg("experts %s, %d slots, %d threads, step %d, prefetch %s depth %d: row %d differs "
+                     "from resident",
+                     a->experts ? a->experts : "safetensors", a->slots, a->threads, a->step,
+                     a->prefetch ? a->prefetch : "default", a->depth, r);
     free(got);
 }
 
@@ -116,7 +121,7 @@ static void test_pack_every_budget(void **state) {
     int slots[] = {1, 2, 3, 5, 8, 16, 64};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
         for (int th = 1; th <= 2; th++) {
-            arm a = {pack1, slots[i], th, i % 2 ? 1 : NTOK};
+            arm a = {pack1, slots[i], th, i % 2 ? 1 : NTOK, NULL, 0};
             check(&a);
         }
 }
@@ -125,7 +130,7 @@ static void test_striped(void **state) {
     (void)state;
     int slots[] = {1, 3, 16};
     for (size_t i = 0; i < 3; i++) {
-        arm a = {packs2, slots[i], 2, i == 1 ? 1 : 7};
+        arm a = {packs2, slots[i], 2, i == 1 ? 1 : 7, NULL, 0};
         check(&a);
     }
 }
@@ -134,7 +139,7 @@ static void test_safetensors_path(void **state) {
     (void)state;
     int slots[] = {1, 3, 16};
     for (size_t i = 0; i < 3; i++) {
-        arm a = {NULL, slots[i], 1 + (int)(i % 2), i == 0 ? 1 : NTOK};
+        arm a = {NULL, slots[i], 1 + (int)(i % 2), i == 0 ? 1 : NTOK, NULL, 0};
         check(&a);
     }
 }
@@ -143,17 +148,97 @@ static void test_safetensors_path(void **state) {
 static void test_stats(void **state) {
     (void)state;
     df_stats all, one;
-    arm a = {pack1, 64, 1, 1}; /* more than every expert: capped to all + transient */
+    arm a = {pack1, 64, 1, 1, NULL, 0}; /* more than every expert: capped to all + transient */
     free(run(&a, &all));
     assert_true(all.expert_misses <= 16);
     assert_int_equal(all.expert_hits + all.expert_misses, all.expert_requests);
     assert_true(all.expert_hits > 0);
     assert_string_equal(all.expert_source, "pack");
-    arm b = {pack1, 1, 1, 1};
+    arm b = {pack1, 1, 1, 1, NULL, 0};
     free(run(&b, &one));
     assert_true(one.expert_misses > all.expert_misses);
     assert_true(one.expert_bytes_read > all.expert_bytes_read);
     assert_int_equal(one.expert_rereads, 0);
+}
+
+/* Reading ahead changes when bytes arrive, never which: every prefetch mode and
+ * depth, with caches from one slot up, token by token and in batches, from a
+ * pack and from the safetensors, gives the resident logits. */
+static void test_prefetch_exact(void **state) {
+    (void)state;
+    const char *modes[] = {"off", "on", "router", "prev"};
+    int slots[] = {1, 5, 16};
+    int k = 0;
+    for (int m = 0; m < 4; m++)
+        for (int depth = 1; depth <= 2; depth++)
+            for (int i = 0; i < 3; i++, k++) {
+                if (m == 0 && depth == 2) continue; /* off: depth means nothing */
+                arm a = {k % 5 == 4 ? NULL : k % 3 ? pack1 : packs2, slots[i], 1 + k % 2,
+                         k % 3 == 0 ? NTOK : k % 3 == 1 ? 1 : 7, modes[m], depth};
+                check(&a);
+            }
+}
+
+/* Every read made on a prediction is accounted once: used by its layer, or
+ * wasted; per-layer counts are consistent; "off" reads nothing ahead. */
+static void test_prefetch_stats(void **state) {
+    (void)state;
+    const char *modes[] = {"router", "prev", "on"};
+    for (int m = 0; m < 3; m++) {
+        df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
+                            .expert_cache = 5 * slot_bytes(pack1), .prefetch = modes[m], .prefetch_depth = 1};
+        df_engine *e;
+        df_error err;
+        if (df_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
+        df_session *s;
+        assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
+        float *lg = malloc(sizeof(float) * (size_t)V);
+        for (int i = 0; i < NTOK; i++) assert_int_equal(df_session_eval(s, toks + i, 1, lg, 0, &err), DF_OK);
+        df_stats st;
+        df_engine_stats(e, &st);
+        assert_string_equal(st.prefetch, modes[m]);
+        assert_int_equal(st.prefetch_depth, 1);
+        assert_true(st.prefetch_reads > 0);
+        assert_true(st.prefetch_hits > 0);
+        assert_true(st.prefetch_hits <= st.expert_misses);
+        /* bytes read on predictions are used or wasted, never both */
+        uint64_t acc = st.prefetch_bytes_used + st.prefetch_bytes_wasted;
+        assert_true(st.prefetch_bytes_used > 0);
+        assert_true(acc <= st.prefetch_reads * slot_bytes(pack1));
+        assert_true(acc <= st.expert_bytes_read);
+        df_prefetch_layer pl[4];
+        assert_int_equal(df_engine_prefetch_layers(e, pl, 4), 2);
+        assert_int_equal(pl[0].layer, 0);
+        assert_int_equal(pl[1].layer, 2);
+        for (int l = 0; l < 2; l++) {
+            assert_true(pl[l].correct <= pl[l].predicted);
+            assert_true(pl[l].correct <= pl[l].actual);
+            assert_true(pl[l].actual > 0);
+            assert_true(pl[l].recall_router >= 0 && pl[l].recall_router <= 1);
+        }
+        free(lg);
+        df_session_free(s);
+        df_engine_close(e);
+    }
+    df_stats off;
+    arm b = {pack1, 5, 1, 1, "off", 1};
+    free(run(&b, &off));
+    assert_string_equal(off.prefetch, "off");
+    assert_int_equal(off.prefetch_reads, 0);
+    assert_int_equal(off.prefetch_hits, 0);
+}
+
+static void test_prefetch_bad_options(void **state) {
+    (void)state;
+    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1, .prefetch = "sometimes"};
+    df_engine *e;
+    df_error err;
+    assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
+    assert_non_null(strstr(err.msg, "sometimes"));
+    o.prefetch = "on";
+    o.prefetch_depth = 9;
+    assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
+    assert_non_null(strstr(err.msg, "depth"));
 }
 
 /* The heat histogram persists next to the pack; --pin reads the hottest
@@ -163,7 +248,7 @@ static void test_heat_and_pin(void **state) {
     char heat[400];
     snprintf(heat, sizeof heat, "%s/experts.heat", pack1);
     unlink(heat);
-    arm a = {pack1, 8, 1, NTOK};
+    arm a = {pack1, 8, 1, NTOK, NULL, 0};
     check(&a); /* writes the heat at close */
     struct stat sb;
     assert_int_equal(stat(heat, &sb), 0);
@@ -245,12 +330,12 @@ static void test_corrupt_record(void **state) {
 static void test_short_reads_and_eintr(void **state) {
     (void)state;
     setenv("DF_TEST_IO_FAULTS", "short,eintr", 1);
-    arm a = {pack1, 3, 2, 1}, b = {packs2, 5, 1, NTOK}, c = {NULL, 2, 2, 7};
+    arm a = {pack1, 3, 2, 1, NULL, 0}, b = {packs2, 5, 1, NTOK, NULL, 0}, c = {NULL, 2, 2, 7, NULL, 0};
     check(&a);
     check(&b);
     check(&c);
     df_stats st;
-    arm d = {pack1, 3, 1, NTOK};
+    arm d = {pack1, 3, 1, NTOK, NULL, 0};
     free(run(&d, &st));
     unsetenv("DF_TEST_IO_FAULTS");
     assert_int_equal(st.expert_rereads, 0);
@@ -282,6 +367,8 @@ int main(void) {
         cmocka_unit_test(test_heat_and_pin),
         cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_short_reads_and_eintr),
         cmocka_unit_test(test_missing_pack),
+        cmocka_unit_test(test_prefetch_exact),    cmocka_unit_test(test_prefetch_stats),
+        cmocka_unit_test(test_prefetch_bad_options),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

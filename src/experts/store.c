@@ -9,17 +9,25 @@
  * retried; a pack record whose checksum does not match is read once more, then
  * it is an error naming the expert.
  *
- * Slots [0, n_cache) belong to the cache policy (policy.h), which decides on
- * every miss whether the expert is kept and what it displaces; slots
- * [n_cache, n_slots) are transient: experts the policy chose not to keep are
- * read there, used by the current layer and forgotten. The policy's heat
- * histogram is loaded at open and saved at close (next to the pack), and the
- * hottest experts can be pinned and read in at start-up.
+ * The policy (policy.h) owns n_cache slot numbers and decides on every miss
+ * whether the expert is kept and what it displaces; cframe[] maps its slot
+ * numbers to frames of memory. The other frames form the transient pool:
+ * experts the policy chose not to keep are read there, used by the current
+ * layer and forgotten, and predicted experts are read there ahead of need
+ * (prefetch.h). When the policy admits an expert a prediction already brought
+ * in (or is still bringing in), the frame changes hands instead of being
+ * copied: the policy slot now maps to it and the victim's frame joins the
+ * pool. A wrong prediction is dropped when its layer comes: a finished read
+ * frees its frame at once, one still in flight is orphaned and frees it on
+ * completion. The policy's heat histogram is loaded at open and saved at
+ * close (next to the pack), and the hottest experts can be pinned and read in
+ * at start-up.
  */
 #include "experts/store.h"
 
 #include "experts/pack.h"
 #include "experts/policy.h"
+#include "experts/prefetch.h"
 
 #include <errno.h>
 #include <liburing.h>
@@ -29,15 +37,28 @@
 
 #define MAX_OPS DF_PACK_MAX_STRIPES
 #define RING_DEPTH 128
+/* Prefetch reads go in pieces of this size, at most PF_INFLIGHT at a time, and
+ * only while no demand read is in flight: a demand read that arrives then
+ * waits behind at most PF_INFLIGHT pieces, not behind whole records. */
+#define PF_CHUNK ((uint64_t)1 << 20)
+#define PF_INFLIGHT 4
 
 enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY };
 
+/* A frame of memory for one expert record ("slot" for short). */
 typedef struct slot {
     int key;            /* layer * E + expert, -1 when empty */
     int state;
     int pin;            /* in use by the current layer */
-    int ops_left;       /* operations still in flight */
+    int ops_left;       /* operations not finished (in flight or parked) */
+    int n_inflight;     /* operations submitted and not completed */
+    bool parked[MAX_OPS];   /* a prefetch operation waiting for an idle disk */
+    bool op_demand[MAX_OPS];/* the class an in-flight operation was submitted as */
     int retried;
+    bool cached;        /* mapped from a policy slot (else: transient pool) */
+    bool orphan;        /* a dropped prediction whose read is still in flight */
+    int pf_layer;       /* read on a prediction for this model layer, not yet
+                           claimed; -1 otherwise */
     char *mem;
     uint64_t done[MAX_OPS]; /* bytes completed per operation */
     uint64_t len[MAX_OPS];  /* bytes each operation reads */
@@ -56,8 +77,10 @@ struct df_store {
     slot *slots;
     int *key_slot;      /* [L * E] -> slot or -1 */
     int L, E;
-    df_cache *cache;    /* policy over slots [0, n_cache) */
+    df_cache *cache;    /* the policy, over n_cache slot numbers */
     int n_cache;
+    int *cframe;        /* [n_cache] policy slot -> frame */
+    df_prefetcher *pf;  /* NULL: prefetch off */
     int *moe_index;     /* model layer -> MoE layer index, -1 for dense */
     int *moe_layer;     /* MoE layer index -> model layer */
     char *heat_path;    /* where the heat histogram persists, or NULL */
@@ -72,12 +95,14 @@ struct df_store {
     int n_want, n_handed;
     int *queue;         /* want indices without a slot yet */
     int n_queue;
+    int *pred;          /* scratch: a layer's predicted experts */
     int last_slot;      /* handed out by the previous df_store_next */
     int st_pinned;      /* experts read in at start-up (pinned tier) */
     /* Fault injection for tests (DF_TEST_IO_FAULTS=short,eintr): completions
      * are reported as short reads or EINTR, as a kernel may report them. */
     bool fault_short, fault_eintr;
     uint64_t n_completions;
+    int demand_inflight, pf_inflight; /* operations in flight, per class */
     df_error fail;      /* sticky error from a completion */
     bool failed;
 };
@@ -128,12 +153,18 @@ static void op_geometry(const df_store *s, int layer, int e, int i, int *fd, uin
 /* ---- the cache policy ---------------------------------------------------------------- */
 
 static int complete(df_store *s, struct io_uring_cqe *cqe);
-static void assign(df_store *s, int si, int key);
+static void assign(df_store *s, int si, int key, int pf_layer);
 
-/* A few transient slots let the policy turn one-off experts away. */
+/* A few transient slots let the policy turn one-off experts away; with
+ * prefetch on, room for the predicted experts of the layers ahead too. */
 static int n_transient(const df_store *s) {
     int top_k = s->m->cfg.num_experts_per_tok;
-    int t = s->n_slots / 8 < top_k ? s->n_slots / 8 : top_k;
+    int want = top_k, cap = s->n_slots / 8;
+    if (s->pf) {
+        want = top_k * (1 + df_pf_depth(s->pf));
+        cap = s->n_slots / 4;
+    }
+    int t = cap < want ? cap : want;
     return t < 1 ? 1 : t;
 }
 
@@ -163,6 +194,11 @@ static int setup_cache(df_store *s, const df_store_opts *o, int n_moe, df_cache_
         s->n_cache = 0;
         return DF_OK;
     }
+    s->cframe = df_xmalloc(sizeof(int) * (size_t)s->n_cache);
+    for (int i = 0; i < s->n_cache; i++) {
+        s->cframe[i] = i;
+        s->slots[i].cached = true;
+    }
     if (o->heat_path) s->heat_path = df_xstrdup(o->heat_path);
     else if (s->pack) s->heat_path = df_path_join(df_pack_dir(s->pack, 0), "experts.heat");
     df_heat heat;
@@ -188,9 +224,9 @@ static int setup_cache(df_store *s, const df_store_opts *o, int n_moe, df_cache_
         int32_t ck = df_cache_slot_key(s->cache, si);
         if (ck < 0) continue;
         int key = s->moe_layer[ck / s->E] * s->E + ck % s->E;
-        assign(s, si, key);
-        if ((rc = wait_ready(s, si, err))) return rc;
-        s->slots[si].pin = 0;
+        assign(s, s->cframe[si], key, -1);
+        if ((rc = wait_ready(s, s->cframe[si], err))) return rc;
+        s->slots[s->cframe[si]].pin = 0;
         s->st_pinned++;
     }
     return DF_OK;
@@ -206,6 +242,14 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     int policy = df_cache_policy_from_name(o->policy ? o->policy : "deltafin");
     if (policy < 0 || policy == DF_POLICY_BELADY)
         return df_fail(err, DF_ERR_ARG, "unknown cache policy '%s' (use deltafin or lru)", o->policy);
+    int pf_mode = df_pf_mode_from_name(o->prefetch ? o->prefetch : "on");
+    if (pf_mode < 0)
+        return df_fail(err, DF_ERR_ARG, "unknown prefetch mode '%s' (use on, off, router or prev)",
+                       o->prefetch);
+    if (o->prefetch_depth < 0 || o->prefetch_depth > 8)
+        return df_fail(err, DF_ERR_ARG, "prefetch depth %d out of range 1..8", o->prefetch_depth);
+    double min_recall = o->prefetch_min_recall < 0 ? 0.5 : o->prefetch_min_recall;
+    if (min_recall > 1) return df_fail(err, DF_ERR_ARG, "prefetch minimum recall %g is above 1", min_recall);
     df_store *s = df_xcalloc(1, sizeof *s);
     s->m = m;
     s->L = c->num_hidden_layers;
@@ -238,6 +282,9 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     /* never more slots than every expert plus the transient ones */
     int n_moe = 0;
     for (int li = 0; li < s->L; li++) n_moe += m->layers[li].is_moe;
+    if (pf_mode != DF_PF_OFF)
+        s->pf = df_pf_new(n_moe, s->E, (df_pf_mode)pf_mode, o->prefetch_depth ? o->prefetch_depth : 1,
+                          min_recall);
     if (s->n_slots > n_moe * s->E + n_transient(s)) s->n_slots = n_moe * s->E + n_transient(s);
     s->arena_bytes = s->slot_bytes * (size_t)s->n_slots;
     s->arena = mmap(NULL, s->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -253,6 +300,7 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->slots = df_xcalloc((size_t)s->n_slots, sizeof(slot));
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].key = -1;
+        s->slots[i].pf_layer = -1;
         s->slots[i].mem = s->arena + (size_t)i * s->slot_bytes;
     }
     s->key_slot = df_xmalloc(sizeof(int) * (size_t)s->L * (size_t)s->E);
@@ -269,6 +317,7 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->want = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->handed = df_xcalloc((size_t)s->E, sizeof(bool));
     s->queue = df_xmalloc(sizeof(int) * (size_t)s->E);
+    s->pred = df_xmalloc(sizeof(int) * (size_t)s->E);
     const char *faults = getenv("DF_TEST_IO_FAULTS");
     s->fault_short = faults && strstr(faults, "short");
     s->fault_eintr = faults && strstr(faults, "eintr");
@@ -290,14 +339,16 @@ void df_store_close(df_store *s) {
     if (!s) return;
     if (s->ring_ok) {
         /* drain reads still in flight into memory we are about to unmap */
-        for (int i = 0; i < s->n_slots; i++)
-            while (s->slots[i].state == SLOT_LOADING && s->slots[i].ops_left > 0) {
-                struct io_uring_cqe *cqe;
-                if (io_uring_wait_cqe(&s->ring, &cqe) < 0) break;
-                slot *x = &s->slots[io_uring_cqe_get_data64(cqe) / MAX_OPS];
-                x->ops_left--;
-                io_uring_cqe_seen(&s->ring, cqe);
-            }
+        io_uring_submit(&s->ring);
+        while (s->demand_inflight + s->pf_inflight > 0) {
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&s->ring, &cqe) < 0) break;
+            uint64_t d = io_uring_cqe_get_data64(cqe);
+            slot *x = &s->slots[d / MAX_OPS];
+            if (x->op_demand[d % MAX_OPS]) s->demand_inflight--;
+            else s->pf_inflight--;
+            io_uring_cqe_seen(&s->ring, cqe);
+        }
         io_uring_queue_exit(&s->ring);
     }
     if (s->cache && s->heat_path) {
@@ -306,6 +357,8 @@ void df_store_close(df_store *s) {
             fprintf(stderr, "deltafin: warning: %s\n", e2.msg); /* losing heat only slows warm-up */
     }
     df_cache_free(s->cache);
+    df_pf_free(s->pf);
+    free(s->cframe);
     free(s->heat_path);
     free(s->moe_index);
     free(s->moe_layer);
@@ -319,6 +372,7 @@ void df_store_close(df_store *s) {
     free(s->want);
     free(s->handed);
     free(s->queue);
+    free(s->pred);
     free(s);
 }
 
@@ -330,7 +384,8 @@ df_store_stats df_store_get_stats(const df_store *s) { return s->st; }
 
 /* ---- reads ----------------------------------------------------------------------- */
 
-static void submit_op(df_store *s, int si, int op) {
+/* Submits (the rest of) operation op of slot si; a prefetch only one piece. */
+static void submit_op(df_store *s, int si, int op, bool demand) {
     slot *x = &s->slots[si];
     int layer = x->key / s->E, e = x->key % s->E;
     int fd;
@@ -344,16 +399,52 @@ static void submit_op(df_store *s, int si, int op) {
     }
     uint64_t d = x->done[op];
     x->len[op] = len;
-    io_uring_prep_read(sqe, fd, x->mem + moff + d, (unsigned)(len - d), foff + d);
+    uint64_t n = len - d;
+    if (!demand && n > PF_CHUNK) n = PF_CHUNK;
+    io_uring_prep_read(sqe, fd, x->mem + moff + d, (unsigned)n, foff + d);
     io_uring_sqe_set_data64(sqe, (uint64_t)si * MAX_OPS + (uint64_t)op);
+    x->parked[op] = false;
+    x->op_demand[op] = demand;
+    x->n_inflight++;
+    if (demand) s->demand_inflight++;
+    else s->pf_inflight++;
 }
 
-static void start_read(df_store *s, int si) {
+/* A demand read is submitted now; a prefetch is parked until pump() finds the
+ * disk free of demand reads. */
+static void start_read(df_store *s, int si, bool demand) {
     slot *x = &s->slots[si];
     x->state = SLOT_LOADING;
     x->ops_left = s->n_ops;
     memset(x->done, 0, sizeof x->done);
-    for (int op = 0; op < s->n_ops; op++) submit_op(s, si, op);
+    for (int op = 0; op < s->n_ops; op++) {
+        if (demand) submit_op(s, si, op, true);
+        else x->parked[op] = true;
+    }
+}
+
+/* Low-priority reads: while no demand read is in flight, keep up to
+ * PF_INFLIGHT prefetch pieces going, nearest layer first. */
+static void pump(df_store *s) {
+    bool any = false;
+    while (s->demand_inflight == 0 && s->pf_inflight < PF_INFLIGHT) {
+        int best = -1, best_op = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            const slot *x = &s->slots[i];
+            if (x->pf_layer < 0 || x->orphan || x->state != SLOT_LOADING) continue;
+            if (best >= 0 && x->pf_layer >= s->slots[best].pf_layer) continue;
+            for (int op = 0; op < s->n_ops; op++)
+                if (x->parked[op]) {
+                    best = i;
+                    best_op = op;
+                    break;
+                }
+        }
+        if (best < 0) break;
+        submit_op(s, best, best_op, false);
+        any = true;
+    }
+    if (any) io_uring_submit(&s->ring);
 }
 
 static void fail_slot(df_store *s, int si, const char *what, int errnum) {
@@ -372,8 +463,23 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
     int res = cqe->res;
     io_uring_cqe_seen(&s->ring, cqe);
     slot *x = &s->slots[si];
-    int layer = x->key / s->E, e = x->key % s->E;
     s->n_completions++;
+    x->n_inflight--;
+    if (x->op_demand[op]) s->demand_inflight--;
+    else s->pf_inflight--;
+    if (x->orphan) { /* nobody wants this record any more: let the frame go */
+        if (res > 0) {
+            s->st.bytes_read += (uint64_t)res;
+            s->st.prefetch_bytes_wasted += (uint64_t)res;
+        }
+        if (x->n_inflight == 0) {
+            x->orphan = false;
+            x->state = SLOT_EMPTY;
+        }
+        return -1;
+    }
+    bool demand = x->pf_layer < 0;
+    int layer = x->key / s->E, e = x->key % s->E;
     if (s->fault_eintr && res > 0 && s->n_completions % 3 == 0) res = -EINTR;
     if (s->fault_short && res > 8192) {
         /* pretend only the first part arrived, and spoil the rest so that a
@@ -387,7 +493,8 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
         res = part;
     }
     if (res == -EINTR || res == -EAGAIN) {
-        submit_op(s, si, op);
+        if (demand) submit_op(s, si, op, true);
+        else x->parked[op] = true;
         return -1;
     }
     if (res < 0) {
@@ -402,8 +509,10 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
     }
     x->done[op] += (uint64_t)res;
     s->st.bytes_read += (uint64_t)res;
-    if (x->done[op] < x->len[op]) { /* short read: continue where it stopped */
-        submit_op(s, si, op);
+    if (!x->op_demand[op] && demand) s->st.prefetch_bytes_used += (uint64_t)res; /* claimed since */
+    if (x->done[op] < x->len[op]) { /* short read or a prefetch piece: continue */
+        if (demand) submit_op(s, si, op, true);
+        else x->parked[op] = true;
         return -1;
     }
     if (--x->ops_left > 0) return -1;
@@ -418,7 +527,7 @@ static int complete(df_store *s, struct io_uring_cqe *cqe) {
             }
             x->retried = 1;
             s->st.rereads++;
-            start_read(s, si);
+            start_read(s, si, demand);
             return -1;
         }
     }
@@ -432,26 +541,50 @@ static void drop_key(df_store *s, int si) {
     slot *x = &s->slots[si];
     if (x->key >= 0) s->key_slot[x->key] = -1;
     x->key = -1;
-    x->state = SLOT_EMPTY;
+    x->pf_layer = -1;
+    memset(x->parked, 0, sizeof x->parked);
+    if (x->n_inflight > 0) x->orphan = true; /* the frame frees itself on completion */
+    else x->state = SLOT_EMPTY;
 }
 
-/* A transient slot the current layer is not using, or -1. */
-static int find_slot(df_store *s) {
-    for (int i = s->n_cache; i < s->n_slots; i++) {
+static uint64_t bytes_done(const df_store *s, const slot *x) {
+    uint64_t n = 0;
+    for (int op = 0; op < s->n_ops; op++) n += x->done[op];
+    return n;
+}
+
+/* A prediction that was read (or is being read) and not used: what arrived so
+ * far is waste, and so is what its pieces still in flight bring. */
+static void waste(df_store *s, int si) {
+    s->st.prefetch_bytes_wasted += bytes_done(s, &s->slots[si]);
+    drop_key(s, si);
+}
+
+/* A transient frame the current layer is not using, or -1: an empty one first;
+ * for a demand read (steal), else a frame holding an unclaimed prediction. */
+static int find_slot(df_store *s, bool steal) {
+    int fallback = -1;
+    for (int i = 0; i < s->n_slots; i++) {
         slot *x = &s->slots[i];
-        if (!x->pin && x->state != SLOT_LOADING) return i;
+        if (x->cached || x->pin || x->orphan) continue;
+        if (x->state == SLOT_EMPTY) return i;
+        /* a prediction whose pieces are all parked can be dropped at once */
+        bool idle = x->state == SLOT_READY || (x->pf_layer >= 0 && x->n_inflight == 0);
+        if (fallback < 0 && idle && (x->pf_layer < 0 || steal)) fallback = i;
     }
-    return -1;
+    if (fallback >= 0 && s->slots[fallback].pf_layer >= 0) waste(s, fallback);
+    return fallback;
 }
 
-static void assign(df_store *s, int si, int key) {
+static void assign(df_store *s, int si, int key, int pf_layer) {
     drop_key(s, si);
     slot *x = &s->slots[si];
     x->key = key;
-    x->pin = 1;
+    x->pin = pf_layer < 0;
+    x->pf_layer = pf_layer;
     x->retried = 0;
     s->key_slot[key] = si;
-    start_read(s, si);
+    start_read(s, si, pf_layer < 0);
 }
 
 /* Gives queued misses the slots that are free now, and submits their reads. */
@@ -460,16 +593,46 @@ static void fill_queue(df_store *s) {
     bool any = false;
     for (int q = 0; q < s->n_queue; q++) {
         int wi = s->queue[q];
-        int si = find_slot(s);
+        int si = find_slot(s, true);
         if (si < 0) {
             s->queue[kept++] = wi;
             continue;
         }
-        assign(s, si, s->layer * s->E + s->want[wi]);
+        assign(s, si, s->layer * s->E + s->want[wi], -1);
         any = true;
     }
     s->n_queue = kept;
     if (any) io_uring_submit(&s->ring);
+}
+
+/* A miss that a prediction already brought in (or is bringing in) at frame fi.
+ * When the policy keeps the expert in slot ps, the frame becomes that slot's
+ * and the victim's frame joins the pool. */
+static int claim_prefetched(df_store *s, int fi, int ps, df_error *err) {
+    slot *x = &s->slots[fi];
+    if (x->cached || x->pf_layer != s->layer) {
+        s->failed = true;
+        return df_fail(err, DF_ERR_IO, "expert store: prefetch bookkeeping lost layer %d expert %d",
+                       s->layer, x->key % s->E);
+    }
+    x->pf_layer = -1;
+    x->pin = 1;
+    for (int op = 0; op < s->n_ops; op++) /* it is a demand read now */
+        if (x->parked[op]) submit_op(s, fi, op, true);
+    s->st.prefetch_hits++;
+    s->st.prefetch_bytes_used += bytes_done(s, x);
+    if (ps < 0) return DF_OK; /* bypassed: used from the pool, forgotten after the layer */
+    int old = s->cframe[ps];
+    slot *o = &s->slots[old];
+    if (o->pin || o->state == SLOT_LOADING) {
+        s->failed = true;
+        return df_fail(err, DF_ERR_IO, "expert store: the policy evicted an expert in use (slot %d)", ps);
+    }
+    drop_key(s, old);
+    o->cached = false;
+    x->cached = true;
+    s->cframe[ps] = fi;
+    return DF_OK;
 }
 
 int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_error *err) {
@@ -490,35 +653,42 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
         s->slotv[i] = -1;
         s->hitv[i] = 0;
     }
+    if (s->pf) df_pf_observe(s->pf, s->moe_index[layer], experts, n);
     if (s->cache) {
         for (int i = 0; i < n; i++) s->ids32[i] = experts[i];
         df_cache_access_layer(s->cache, s->moe_index[layer], s->ids32, n, s->slotv, s->hitv);
     }
-    bool submitted = false;
     for (int i = 0; i < n; i++) {
         int key = layer * s->E + experts[i];
+        int fi = s->key_slot[key];
         s->st.requests++;
         if (s->hitv[i]) {
-            int si = s->key_slot[key];
-            if (si != s->slotv[i]) {
+            if (fi < 0 || fi != s->cframe[s->slotv[i]]) {
                 s->failed = true;
                 return df_fail(err, DF_ERR_IO, "expert store: cache bookkeeping lost layer %d expert %d",
                                layer, experts[i]);
             }
             s->st.hits++;
-            s->slots[si].pin = 1;
+            s->slots[fi].pin = 1;
             continue;
         }
         s->st.misses++;
-        if (s->slotv[i] >= 0) { /* admitted: read into the slot the policy freed */
-            assign(s, s->slotv[i], key);
-            submitted = true;
+        if (fi >= 0) { /* predicted: read ahead already */
+            int rc = claim_prefetched(s, fi, s->slotv[i], err);
+            if (rc) return rc;
+        } else if (s->slotv[i] >= 0) { /* admitted: read into the slot the policy freed */
+            assign(s, s->cframe[s->slotv[i]], key, -1);
         } else {
             s->queue[s->n_queue++] = i; /* bypassed: a transient slot when one is free */
         }
     }
-    if (submitted) io_uring_submit(&s->ring);
+    /* Predictions for this layer that it did not ask for were wrong. */
+    if (s->pf)
+        for (int si = 0; si < s->n_slots; si++)
+            if (s->slots[si].pf_layer == layer) waste(s, si);
+    io_uring_submit(&s->ring);
     fill_queue(s);
+    pump(s);
     return DF_OK;
 }
 
@@ -536,7 +706,6 @@ int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err) {
     if (s->last_slot >= 0) { /* the caller is done with the previous one */
         s->slots[s->last_slot].pin = 0;
         s->last_slot = -1;
-        if (s->n_queue) fill_queue(s);
     }
     while (s->n_handed < s->n_want) {
         if (s->failed) {
@@ -546,6 +715,8 @@ int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err) {
         /* reap whatever has finished without blocking */
         struct io_uring_cqe *cqe;
         while (io_uring_peek_cqe(&s->ring, &cqe) == 0) complete(s, cqe);
+        if (s->n_queue) fill_queue(s);
+        pump(s);
         for (int i = 0; i < s->n_want; i++) {
             if (s->handed[i]) continue;
             int si = s->key_slot[s->layer * s->E + s->want[i]];
@@ -560,6 +731,11 @@ int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err) {
         if (s->failed) continue;
         /* nothing ready: block on the disk */
         io_uring_submit(&s->ring);
+        if (s->demand_inflight + s->pf_inflight == 0) {
+            s->failed = true;
+            return df_fail(err, DF_ERR_IO, "expert store: layer %d waits for a read never issued",
+                           s->layer);
+        }
         double t0 = df_now();
         int r = io_uring_wait_cqe(&s->ring, &cqe);
         s->st.wait_s += df_now() - t0;
@@ -575,14 +751,60 @@ void df_store_end_layer(df_store *s) {
         int si = s->key_slot[s->layer * s->E + s->want[i]];
         if (si < 0) continue;
         s->slots[si].pin = 0;
-        if (si >= s->n_cache && s->slots[si].state == SLOT_READY) drop_key(s, si); /* transient */
+        if (!s->slots[si].cached && s->slots[si].state == SLOT_READY) drop_key(s, si); /* transient */
     }
     s->last_slot = -1;
     s->n_want = s->n_handed = s->n_queue = 0;
+    pump(s);
 }
 
 void df_store_end_step(df_store *s) {
     if (s->cache) df_cache_token_end(s->cache);
+    /* predictions for layers the step never reached (an error stopped it) */
+    if (s->pf)
+        for (int si = 0; si < s->n_slots; si++)
+            if (s->slots[si].pf_layer >= 0) waste(s, si);
 }
 
 int df_store_pinned(const df_store *s) { return s->st_pinned; }
+
+/* ---- read-ahead ---------------------------------------------------------------------- */
+
+int df_store_prefetch_depth(const df_store *s) { return s->pf ? df_pf_depth(s->pf) : 0; }
+
+const char *df_store_prefetch_mode(const df_store *s) {
+    return s->pf ? df_pf_mode_name(df_pf_get_mode(s->pf)) : "off";
+}
+
+int df_store_moe_layers(const df_store *s) {
+    int n = 0;
+    for (int li = 0; li < s->L; li++) n += s->moe_index[li] >= 0;
+    return n;
+}
+
+void df_store_prefetch_layer(const df_store *s, int moe_layer, struct df_pf_layer_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (s->pf) df_pf_layer(s->pf, moe_layer, out);
+}
+
+void df_store_predict(df_store *s, int layer, const int *sel, int n_sel) {
+    if (!s->pf || s->failed || s->moe_index[layer] < 0) return;
+    int n = df_pf_predict(s->pf, s->moe_index[layer], sel, n_sel, s->pred);
+    if (s->n_queue) { /* the current layer still waits for slots: it comes first */
+        s->st.prefetch_no_room += (uint64_t)n;
+        return;
+    }
+    const int *pred = s->pred;
+    for (int i = 0; i < n; i++) {
+        int key = layer * s->E + pred[i];
+        if (s->key_slot[key] >= 0) continue; /* cached, or already on its way */
+        int si = find_slot(s, false);
+        if (si < 0) {
+            s->st.prefetch_no_room += (uint64_t)(n - i);
+            break;
+        }
+        assign(s, si, key, layer);
+        s->st.prefetch_reads++;
+    }
+    pump(s);
+}

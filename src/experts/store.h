@@ -24,6 +24,9 @@ typedef struct df_store_opts {
     uint64_t pin_bytes;           /* pinned tier, filled from the persisted heat */
     const char *heat_path;        /* NULL: experts.heat in the first pack directory
                                      (no persistence when streaming from safetensors) */
+    const char *prefetch;         /* NULL/"on": gated; "off", "router", "prev" (prefetch.h) */
+    int prefetch_depth;           /* MoE layers ahead of the router lookahead; 0 = 1 */
+    double prefetch_min_recall;   /* the gate's threshold; < 0 = default 0.5 */
 } df_store_opts;
 
 typedef struct df_store_stats {
@@ -34,6 +37,12 @@ typedef struct df_store_stats {
     uint64_t records_read;
     uint64_t rereads;     /* checksum mismatches that were read again */
     double wait_s;        /* time the caller spent blocked on reads */
+    /* read ahead of need */
+    uint64_t prefetch_reads;        /* records read on a prediction */
+    uint64_t prefetch_hits;         /* misses a prefetch had already started */
+    uint64_t prefetch_bytes_used;
+    uint64_t prefetch_bytes_wasted; /* predicted, read, and not used by that layer */
+    uint64_t prefetch_no_room;      /* predictions not read: no free slot */
 } df_store_stats;
 
 int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_error *err);
@@ -53,5 +62,19 @@ void df_store_end_layer(df_store *s);
 /* A forward step (one token, or one batch of rows) is complete. */
 void df_store_end_step(df_store *s);
 int df_store_pinned(const df_store *s); /* experts read in at start-up */
+
+/* Read-ahead. The forward pass asks how far ahead to look (0: prefetch is off)
+ * and, for a later MoE layer, hands in the top-k its router gives on the
+ * current residual stream; the store's prefetcher decides what that layer
+ * will read early (the router's set, the previous step's, or nothing), and the
+ * reads go behind every demand read already queued, into free transient slots
+ * only: a prediction never evicts a cached expert. */
+int df_store_prefetch_depth(const df_store *s);
+void df_store_predict(df_store *s, int layer, const int *sel, int n_sel);
+const char *df_store_prefetch_mode(const df_store *s);
+int df_store_moe_layers(const df_store *s);
+/* MoE layer index (0 .. df_store_moe_layers-1) -> its prefetch statistics. */
+struct df_pf_layer_stats;
+void df_store_prefetch_layer(const df_store *s, int moe_layer, struct df_pf_layer_stats *out);
 
 #endif

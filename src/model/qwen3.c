@@ -33,6 +33,9 @@ struct df_fwd_buf {
     float *xg, *yg;     /* [R][H] rows gathered for one expert, its output */
     int *grow;          /* [R] (row*topk + slot) of each gathered row */
     float *yslot;       /* [R][topk][H] */
+    float *pxb, *prouter; /* [R][H], [R][E]: a later layer's router, run early */
+    int *psel;            /* [R][topk] */
+    float *pselw;
 };
 
 /* The sizes the work buffers are made of. */
@@ -73,6 +76,10 @@ df_fwd_buf *df_fwd_buf_new(const df_model *m, int rows, int max_ctx) {
     b->yg = df_aligned_alloc(sizeof(float) * R * H);
     b->grow = df_xcalloc(R, sizeof(int));
     b->yslot = df_aligned_alloc(sizeof(float) * R * K * H);
+    b->pxb = df_aligned_alloc(sizeof(float) * R * H);
+    b->prouter = df_aligned_alloc(sizeof(float) * R * E);
+    b->psel = df_xcalloc(R * K, sizeof(int));
+    b->pselw = df_aligned_alloc(sizeof(float) * R * K);
     return b;
 }
 
@@ -81,6 +88,7 @@ void df_fwd_buf_free(df_fwd_buf *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
     free(b->hg); free(b->hu); free(b->router); free(b->sel); free(b->selw);
     free(b->xg); free(b->yg); free(b->grow); free(b->yslot);
+    free(b->pxb); free(b->prouter); free(b->psel); free(b->pselw);
     free(b);
 }
 
@@ -90,8 +98,8 @@ size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx) {
     dims d = buf_dims(m, rows);
     size_t R = d.R, H = d.H, qd = d.qd, kvd = d.kvd, I = d.I, E = d.E, K = d.K;
     /* the forward buffers, plus attention's per-thread score rows */
-    return sizeof(float) * R * (4 * H + 2 * qd + 2 * kvd + 2 * I + E + K + K * H) +
-           sizeof(int) * R * (K + 1) + sizeof(float) * 64 * (size_t)max_ctx;
+    return sizeof(float) * R * (5 * H + 2 * qd + 2 * kvd + 2 * I + 2 * E + 2 * K + K * H) +
+           sizeof(int) * R * (2 * K + 1) + sizeof(float) * 64 * (size_t)max_ctx;
 }
 
 int df_kv_init(df_kv *kv, const df_model *m, int max_ctx, df_error *err) {
@@ -326,6 +334,33 @@ static void run_expert(df_pool *pool, df_fwd_buf *b, const df_expert *x, int e, 
         memcpy(b->yslot + (size_t)b->grow[r] * H, b->yg + (size_t)r * H, sizeof(float) * (size_t)H);
 }
 
+/* ---- router lookahead ------------------------------------------------------------ */
+
+/* The model layer of the n-th MoE layer after model layer `li` (n >= 1), or -1. */
+static int moe_after(const df_model *m, int li, int n) {
+    for (int l = li + 1; l < m->cfg.num_hidden_layers; l++)
+        if (m->layers[l].is_moe && --n == 0) return l;
+    return -1;
+}
+
+/* Predicts MoE layer `target`'s experts by running its post-attention norm and
+ * router on the residual stream as it is now, and lets the store read them
+ * ahead. Only the store's reads depend on this: the layer's own routing is
+ * computed afresh when it comes, so results do not change. */
+static void lookahead(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int target,
+                      int T) {
+    if (target < 0) return;
+    const df_config *c = &m->cfg;
+    const df_layer *L = &m->layers[target];
+    int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->pxb + (size_t)t * H, b->x + (size_t)t * H, L->ffn_norm, H, (float)c->rms_norm_eps);
+    matmul(pool, b->prouter, b->pxb, &L->router, T);
+    for (int t = 0; t < T; t++)
+        route(c, b->prouter + (size_t)t * E, b->psel + (size_t)t * K, b->pselw + (size_t)t * K);
+    df_store_predict(store, target, b->psel, T * K);
+}
+
 static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int li, int T,
                df_error *err) {
     const df_config *c = &m->cfg;
@@ -349,6 +384,9 @@ static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b,
         /* All reads are requested at once; experts come back resident-first. */
         int rc = df_store_begin_layer(store, li, need, n_need, err);
         if (rc) return rc;
+        /* this layer's reads are queued; the one `depth` MoE layers on goes next */
+        int depth = df_store_prefetch_depth(store);
+        if (depth) lookahead(m, store, pool, b, moe_after(m, li, depth), T);
         for (;;) {
             int e;
             df_expert w;
@@ -399,6 +437,10 @@ int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *k
     const df_config *c = &m->cfg;
     int H = c->hidden_size;
     for (int t = 0; t < T; t++) embed_row(m, tokens[t], b->x + (size_t)t * H);
+    /* The first MoE layers have no earlier one to predict them from: their
+     * routers run on the embeddings. */
+    int depth = store ? df_store_prefetch_depth(store) : 0;
+    for (int n = 1; n <= depth; n++) lookahead(m, store, pool, b, moe_after(m, -1, n), T);
     for (int li = 0; li < c->num_hidden_layers; li++) {
         attention(m, pool, kv, b, li, T, pos0);
         int rc = feed_forward(m, store, pool, b, li, T, err);

@@ -45,9 +45,9 @@
 /* ---- options ---------------------------------------------------------------- */
 
 typedef struct srv_opts {
-    const char *model, *experts, *isa, *policy, *host, *api_key;
+    const char *model, *experts, *isa, *policy, *host, *api_key, *prefetch;
     uint64_t ram_budget, pin, expert_cache, max_body;
-    int threads, ctx, port, queue;
+    int threads, ctx, port, queue, prefetch_depth;
     bool insecure_bind;
 } srv_opts;
 
@@ -72,6 +72,8 @@ static const char SERVE_HELP[] =
     "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G)\n"
     "  --expert-cache SIZE  size the expert cache directly\n"
     "  --policy P           expert cache policy: deltafin (default) or lru\n"
+    "  --prefetch MODE      expert read-ahead: on (default), router, prev, off\n"
+    "  --prefetch-depth N   MoE layers ahead the router lookahead runs (1..8)\n"
     "  --pin SIZE           pinned tier of hottest experts read at start-up\n";
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -117,7 +119,8 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         if (strncmp(a, "--", 2) != 0) die("unexpected argument '%s' (see --help)", a);
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
-                                            "--ram-budget", "--expert-cache", "--policy", "--pin", NULL};
+                                            "--ram-budget", "--expert-cache", "--policy", "--pin",
+                                            "--prefetch", "--prefetch-depth", NULL};
         bool ok = false;
         for (int k = 0; known[k]; k++) ok |= !strcmp(a, known[k]);
         if (!ok) die("unknown option '%s' for this command (see --help)", a);
@@ -139,6 +142,8 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
         else if (!strcmp(a, "--policy")) o->policy = v;
         else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
+        else if (!strcmp(a, "--prefetch")) o->prefetch = v;
+        else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)parse_long(a, v, 1, 8);
     }
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
 }
@@ -1076,7 +1081,8 @@ int df_serve_main(int argc, char **argv) {
 
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa, .experts = o->experts,
                          .ram_budget = o->ram_budget, .context = o->ctx, .expert_cache = o->expert_cache,
-                         .cache_policy = o->policy, .pin_bytes = o->pin};
+                         .cache_policy = o->policy, .pin_bytes = o->pin, .prefetch = o->prefetch,
+                         .prefetch_depth = o->prefetch_depth};
     df_error err;
     if (df_engine_open(&S.eng, &eo, &err)) {
         fprintf(stderr, "deltafin: %s\n", err.msg);

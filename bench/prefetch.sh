@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# bench/prefetch.sh - issue 4's benchmark: does reading ahead hide the disk?
+#
+#  decode: cold cache, experts >= 3x the budget, seeded random-token teacher
+#          forcing; arms --prefetch on / off (and router / prev with ARMS=...),
+#          run interleaved; tokens/s against the I/O bound measured next to
+#          every arm (bandwidth / bytes missed per token), read wait per token.
+#  prefill: time to first token of a 512-token prompt, streamed, cold, against
+#          (every expert the prompt touches read once at the measured bandwidth)
+#          + (the same prompt's in-RAM compute time, warm).
+#
+# usage: bench/prefetch.sh [MODEL_DIR [PACK_DIR]]   (defaults: the make-bench model)
+# env:   REPS (3), NEW (48), BUDGET (2G), ARMS ("on off"), PROMPT_LEN (512), B (build)
+# Results: bench/results/<date>/prefetch/ (events JSON lines + summary.txt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${B:-build}
+M=${1:-$B/bench-models/moe-h2048-e128}
+PACK=${2:-$M-pack}
+REPS=${REPS:-3}
+NEW=${NEW:-48}
+BUDGET=${BUDGET:-2G}
+ARMS=${ARMS:-on off}
+PLEN=${PROMPT_LEN:-512}
+OUT=bench/results/$(date +%Y-%m-%d)/prefetch-$(basename "$M")
+mkdir -p "$OUT"
+rm -f "$OUT"/*.jsonl "$OUT"/iobw.txt
+LOG=$OUT/summary.txt
+: >"$LOG"
+say() { echo "$*" | tee -a "$LOG"; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || { echo "need root to drop caches" >&2; exit 1; }; }
+
+make -s B="$B" "$B/deltafin" "$B/bench_io"
+[ -f "$M/config.json" ] || { echo "no model at $M (make bench generates it)" >&2; exit 1; }
+[ -f "$PACK/manifest.json" ] || "$B/deltafin" pack --model "$M" --out "$PACK"
+EXPERT_BYTES=$("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p')
+NREC=$(/usr/bin/python3 -c "import json; print(len(json.load(open('$PACK/manifest.json'))['records']))" 2>/dev/null || echo 1024)
+RECORD=$((EXPERT_BYTES / NREC))
+say "# prefetch benchmark, $(date -u +%FT%TZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+say "model $M: experts $((EXPERT_BYTES / 1048576)) MiB in $NREC records; budget $BUDGET; $NEW tokens; reps $REPS"
+iobw() { "$B/bench_io" -s "$RECORD" -d 8 -t 4 "$PACK/experts.bin" | awk '{print $2}'; }
+ids() { /usr/bin/python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(1000, 100000)) for _ in range($2)))"; }
+P16=$(ids 4 16)
+P512=$(ids 5 "$PLEN")
+
+for i in $(seq "$REPS"); do
+    for arm in $ARMS; do
+        drop
+        BW=$(iobw)
+        echo "$arm $BW" >>"$OUT/iobw.txt"
+        drop
+        "$B/deltafin" run --model "$M" --experts "$PACK" --ram-budget "$BUDGET" --prompt-tokens "$P16" \
+            --max-new "$NEW" --temp 0 --print-ids --teacher-force 7 --prefetch "$arm" --io-bw "$BW" \
+            --events "$OUT/decode-$arm-$i.jsonl" >/dev/null 2>"$OUT/decode-$arm-$i.err"
+        say "decode $arm rep $i: bw $BW GB/s: $(grep '"summary"' "$OUT/decode-$arm-$i.jsonl" | cut -c1-160)..."
+    done
+done
+
+# prefill: streamed arms, then the two halves of the reference time
+for i in $(seq "$REPS"); do
+    for arm in $ARMS; do
+        drop
+        "$B/deltafin" run --model "$M" --experts "$PACK" --ram-budget "$BUDGET" --prompt-tokens "$P512" \
+            --max-new 1 --temp 0 --print-ids --prefetch "$arm" --events "$OUT/prefill-$arm-$i.jsonl" \
+            >/dev/null 2>"$OUT/prefill-$arm-$i.err"
+    done
+done
+drop
+BW=$(iobw)
+echo "touched $BW" >>"$OUT/iobw.txt"
+drop
+# every expert the prompt touches, each read exactly once (a cache that holds them all)
+"$B/deltafin" run --model "$M" --experts "$PACK" --expert-cache "$((EXPERT_BYTES + EXPERT_BYTES / 4))" \
+    --prompt-tokens "$P512" --max-new 1 --temp 0 --print-ids --prefetch off \
+    --events "$OUT/touched.jsonl" >/dev/null 2>"$OUT/touched.err"
+# in-RAM compute: the checkpoint in the page cache, experts used in place
+drop
+"$B/deltafin" run --model "$M" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
+for i in $(seq "$REPS"); do
+    "$B/deltafin" run --model "$M" --prompt-tokens "$P512" --max-new 1 --temp 0 --print-ids \
+        --events "$OUT/inram-$i.jsonl" >/dev/null 2>&1
+done
+
+/usr/bin/python3 - "$OUT" "$ARMS" <<'PYEOF' | tee -a "$LOG"
+import glob, json, statistics as S, sys
+out, arms = sys.argv[1], sys.argv[2].split()
+def ev(path, kind):
+    for line in open(path):
+        d = json.loads(line)
+        if d.get("event") == kind:
+            return d
+bws = {}
+for line in open(f"{out}/iobw.txt"):
+    a, b = line.split()
+    bws.setdefault(a, []).append(float(b))
+print("\n## decode (cold, teacher-forced)")
+print("| prefetch | tok/s median (min-max) | fraction of I/O bound median (min-max) | MB missed/token | MB wasted/token | read wait s/token | recall | precision |")
+print("|---|---|---|---|---|---|---|---|")
+for arm in arms:
+    rows = []
+    for f in sorted(glob.glob(f"{out}/decode-{arm}-*.jsonl")):
+        s, p = ev(f, "summary"), ev(f, "prefetch")
+        if s: rows.append((s, p))
+    if not rows: continue
+    tps = [s["tokens_per_s"] for s, _ in rows]
+    frac = [s["fraction_of_bound"] for s, _ in rows]
+    n = rows[0][0]["decode_tokens"]
+    miss = S.median(s["bytes_missed_per_token"] for s, _ in rows) / 1e6
+    waste = S.median(s["prefetch_bytes_wasted"] / n for s, _ in rows) / 1e6
+    wait = S.median(s["read_wait_s"] / n for s, _ in rows)
+    rec = S.median(p["recall"] for _, p in rows if p) if rows[0][1] else 0
+    prec = S.median(p["precision"] for _, p in rows if p) if rows[0][1] else 0
+    print(f"| {arm} | {S.median(tps):.3f} ({min(tps):.3f}-{max(tps):.3f}) | {S.median(frac):.3f} ({min(frac):.3f}-{max(frac):.3f}) "
+          f"| {miss:.1f} | {waste:.1f} | {wait:.4f} | {rec:.3f} | {prec:.3f} |")
+print("I/O bandwidth (GB/s) measured before each decode arm: " +
+      ", ".join(f"{a} median {S.median(v):.3f}" for a, v in bws.items() if a in arms))
+t = ev(f"{out}/touched.jsonl", "summary")
+inram = [ev(f, "summary")["prefill_s"] for f in sorted(glob.glob(f"{out}/inram-*.jsonl"))]
+bw = bws["touched"][0]
+read_s = t["expert_bytes_read"] / (bw * 1e9)
+ref = read_s + S.median(inram)
+print(f"\n## prefill, {t['prompt_tokens']}-token prompt, streamed, cold")
+print(f"every expert it touches: {t['expert_bytes_read']/1e9:.2f} GB, read once at {bw:.3f} GB/s = {read_s:.2f} s; "
+      f"in-RAM compute {S.median(inram):.2f} s (min {min(inram):.2f}); reference {ref:.2f} s")
+for arm in arms:
+    tt = [ev(f, "summary")["prefill_s"] for f in sorted(glob.glob(f"{out}/prefill-{arm}-*.jsonl"))]
+    if tt:
+        print(f"prefetch {arm}: time to first token median {S.median(tt):.2f} s (min {min(tt):.2f}, max {max(tt):.2f}) "
+              f"= {S.median(tt)/ref:.2f}x the reference (target <= 1.3x)")
+PYEOF
+say "results in $OUT"

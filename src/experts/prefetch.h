@@ -1,0 +1,67 @@
+/*
+ * prefetch.h - which experts to read ahead of need, and whether to read any.
+ *
+ * Two predictors are scored on every MoE layer of every step, whichever one is
+ * in use (shadow evaluation, so a layer that was switched off can come back):
+ *   router  layer L's post-attention norm and router applied to the residual
+ *           stream as it stands `depth` MoE layers earlier (the forward pass
+ *           computes it and hands in the top-k of each row);
+ *   prev    the experts layer L chose in the previous step.
+ * Each layer keeps a running (exponentially decayed) recall per predictor. In
+ * gated mode a layer uses the better predictor when its recall reaches the
+ * minimum, and no prefetch otherwise; the other modes force one choice. The
+ * object owns only this bookkeeping: the store (store.h) owns slots and I/O.
+ */
+#ifndef DF_EXPERTS_PREFETCH_H
+#define DF_EXPERTS_PREFETCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum df_pf_mode {
+    DF_PF_OFF = 0,  /* never prefetch */
+    DF_PF_GATED,    /* per layer: the better predictor if it pays, else nothing */
+    DF_PF_ROUTER,   /* always the router lookahead */
+    DF_PF_PREV,     /* always the previous step's experts */
+} df_pf_mode;
+
+/* What a layer uses now (in gated mode it changes as recall moves). */
+typedef enum df_pf_choice { DF_PF_NONE = 0, DF_PF_USE_ROUTER, DF_PF_USE_PREV } df_pf_choice;
+
+typedef struct df_pf_layer_stats {
+    df_pf_choice choice;
+    double recall_router, recall_prev; /* running, decayed */
+    uint64_t steps;                    /* steps this layer was observed */
+    /* Totals over the steps where a prediction was issued: experts predicted,
+     * how many of them the layer then used, and how many it used in all. */
+    uint64_t predicted, correct, actual;
+} df_pf_layer_stats;
+
+typedef struct df_prefetcher df_prefetcher;
+
+/* Parses "off", "on" (gated), "router" or "prev"; -1 if unknown. */
+int df_pf_mode_from_name(const char *name);
+const char *df_pf_mode_name(df_pf_mode m);
+const char *df_pf_choice_name(df_pf_choice c);
+
+/* n_layers: MoE layers; depth: how many MoE layers ahead the router lookahead
+ * runs (>= 1); min_recall: the gate's threshold in [0, 1]. */
+df_prefetcher *df_pf_new(int n_layers, int n_experts, df_pf_mode mode, int depth, double min_recall);
+void df_pf_free(df_prefetcher *p);
+df_pf_mode df_pf_get_mode(const df_prefetcher *p);
+int df_pf_depth(const df_prefetcher *p);
+
+/* The router lookahead's experts for MoE layer `layer` in the current step (the
+ * rows' top-k, flattened, duplicates allowed). Returns how many experts to read
+ * ahead, written to out[] (distinct, at most n_experts): the router's set, the
+ * previous step's set, or none, as the layer's choice says. */
+int df_pf_predict(df_prefetcher *p, int layer, const int *sel, int n_sel, int *out);
+
+/* The experts MoE layer `layer` actually uses in the current step (distinct).
+ * Scores both predictors, updates the layer's choice and remembers the set as
+ * the next step's "previous" prediction. */
+void df_pf_observe(df_prefetcher *p, int layer, const int *experts, int n);
+
+void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out);
+
+#endif

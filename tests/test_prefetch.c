@@ -1,0 +1,126 @@
+/*
+ * test_prefetch.c - the prefetch gate (src/experts/prefetch.c): what each mode
+ * predicts, how running recall moves, and that a gated layer switches between
+ * the router lookahead, the previous step's experts and nothing as their
+ * recall changes, and comes back when a predictor recovers.
+ */
+#include "testutil.h"
+
+#include "experts/prefetch.h"
+
+#include <string.h>
+
+#define E 16
+#define K 4
+
+/* One step of layer 0: the router lookahead says `router`, the layer uses
+ * `actual`; returns what was handed out to read. */
+static int step(df_prefetcher *p, const int *router, const int *actual, int *out) {
+    int n = df_pf_predict(p, 0, router, K, out);
+    df_pf_observe(p, 0, actual, K);
+    return n;
+}
+
+static df_pf_choice choice(const df_prefetcher *p) {
+    df_pf_layer_stats st;
+    df_pf_layer(p, 0, &st);
+    return st.choice;
+}
+
+static void test_names(void **state) {
+    (void)state;
+    assert_int_equal(df_pf_mode_from_name("on"), DF_PF_GATED);
+    assert_int_equal(df_pf_mode_from_name("off"), DF_PF_OFF);
+    assert_int_equal(df_pf_mode_from_name("router"), DF_PF_ROUTER);
+    assert_int_equal(df_pf_mode_from_name("prev"), DF_PF_PREV);
+    assert_int_equal(df_pf_mode_from_name("maybe"), -1);
+    assert_string_equal(df_pf_mode_name(DF_PF_GATED), "on");
+    assert_string_equal(df_pf_choice_name(DF_PF_USE_PREV), "prev");
+}
+
+static void test_forced_modes(void **state) {
+    (void)state;
+    int a[K] = {1, 2, 3, 4}, b[K] = {5, 6, 7, 8}, out[E];
+    df_prefetcher *p = df_pf_new(2, E, DF_PF_ROUTER, 1, 0.5);
+    for (int i = 0; i < 30; i++) { /* always wrong, always used */
+        assert_int_equal(step(p, a, b, out), K);
+        assert_memory_equal(out, a, sizeof a);
+    }
+    assert_int_equal(choice(p), DF_PF_USE_ROUTER);
+    df_pf_layer_stats st;
+    df_pf_layer(p, 0, &st);
+    assert_int_equal(st.predicted, 30 * K);
+    assert_int_equal(st.correct, 0);
+    assert_int_equal(st.actual, 30 * K);
+    assert_true(st.recall_router < 0.1);
+    df_pf_free(p);
+
+    p = df_pf_new(2, E, DF_PF_PREV, 1, 0.5);
+    assert_int_equal(step(p, a, a, out), 0); /* no previous step yet */
+    assert_int_equal(step(p, a, b, out), K);
+    assert_memory_equal(out, a, sizeof a); /* the previous step's set */
+    df_pf_free(p);
+
+    p = df_pf_new(2, E, DF_PF_OFF, 1, 0.5);
+    for (int i = 0; i < 5; i++) assert_int_equal(step(p, a, a, out), 0);
+    assert_int_equal(choice(p), DF_PF_NONE);
+    df_pf_free(p);
+}
+
+/* Duplicate and out-of-range ids in the router's rows collapse to a set. */
+static void test_union_of_rows(void **state) {
+    (void)state;
+    int rows[3 * K] = {1, 2, 3, 4, 4, 3, 9, 1, 15, 2, 99, -1}, out[E];
+    df_prefetcher *p = df_pf_new(1, E, DF_PF_ROUTER, 2, 0.5);
+    assert_int_equal(df_pf_depth(p), 2);
+    int n = df_pf_predict(p, 0, rows, 3 * K, out);
+    int want[] = {1, 2, 3, 4, 9, 15};
+    assert_int_equal(n, 6);
+    assert_memory_equal(out, want, sizeof want);
+    df_pf_free(p);
+}
+
+static void test_gate_switches(void **state) {
+    (void)state;
+    int a[K] = {1, 2, 3, 4}, b[K] = {5, 6, 7, 8}, c[K] = {9, 10, 11, 12}, out[E];
+    df_prefetcher *p = df_pf_new(1, E, DF_PF_GATED, 1, 0.5);
+    assert_int_equal(choice(p), DF_PF_USE_ROUTER);
+    for (int i = 0; i < 20; i++) step(p, a, a, out); /* router right */
+    assert_int_equal(choice(p), DF_PF_USE_ROUTER);
+    /* The layer settles on b and the router keeps saying a: the previous
+     * step's experts take over, within a bounded number of steps. */
+    int switched = -1;
+    for (int i = 0; i < 40 && switched < 0; i++) {
+        step(p, a, b, out);
+        if (choice(p) == DF_PF_USE_PREV) switched = i;
+    }
+    assert_true(switched >= 0 && switched < 15);
+    /* Nothing predicts: a changing set that the router also misses. */
+    switched = -1;
+    for (int i = 0; i < 60 && switched < 0; i++) {
+        int x[K] = {(i * 4) % E, (i * 4 + 1) % E, (i * 4 + 2) % E, (i * 4 + 3) % E};
+        assert_true(step(p, c, x, out) >= 0);
+        if (choice(p) == DF_PF_NONE) switched = i;
+    }
+    assert_true(switched >= 0 && switched < 20);
+    assert_int_equal(step(p, c, c, out), 0); /* off: nothing read */
+    /* Shadow scoring continues while off: the router recovers and is used. */
+    switched = -1;
+    for (int i = 0; i < 40 && switched < 0; i++) {
+        int x[K] = {(i * 4) % E, (i * 4 + 1) % E, (i * 4 + 2) % E, (i * 4 + 3) % E};
+        step(p, x, x, out);
+        if (choice(p) == DF_PF_USE_ROUTER) switched = i;
+    }
+    assert_true(switched >= 0 && switched < 15);
+    df_pf_free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_forced_modes),
+        cmocka_unit_test(test_union_of_rows),
+        cmocka_unit_test(test_gate_switches),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
