@@ -60,6 +60,15 @@ typedef struct df_engine_opts {
     const char *cache_policy; /* "deltafin" (default) or "lru" */
     uint64_t pin_bytes;    /* pinned tier: hottest experts (persisted heat) read
                               in at start-up and never evicted */
+    /* Benchmarks and tests only: a routing trace (# moe-routing-trace v1) whose
+     * tokens, in file order, choose the experts of the rows evaluated, one trace
+     * token per row, wrapping around at the end. The router still runs and the
+     * weights are its softmax probabilities of the replayed ids (renormalised
+     * when the model renormalises its top-k), so compute and bytes are those of
+     * a model that routed this way; the output is not the model's own. The
+     * trace's MoE layer count, experts per layer and top-k must match the
+     * model. NULL: the model's own routing. The server never sets it. */
+    const char *replay_routing;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -102,6 +111,8 @@ typedef struct df_stats {
     uint64_t cache_bytes;
     const char *expert_source;  /* "resident", "pack" or "safetensors" */
     int direct_io;              /* pack read with O_DIRECT */
+    const char *replay_routing; /* trace the routing is replayed from, NULL: the
+                                   model's own routing */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

@@ -8,6 +8,8 @@
  *   deltafin logits    raw logits of a token sequence (for tests and tools)
  *   deltafin pack      rewrite routed experts into an expert pack, or --verify one
  *   deltafin cache-sim replay a routing trace through the expert cache policies
+ *   deltafin bench     one benchmark arm: `run` on a seeded random prompt, teacher-forced,
+ *                      one JSON summary on stdout (bench/suite.sh drives it)
  *
  * Exit codes: 0 success, 2 bad input or usage (the message names what is wrong),
  * 1 an unexpected runtime failure.
@@ -57,12 +59,13 @@ static double now_s(void) {
 
 typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
-    const char *experts, *events, *policy;
+    const char *experts, *events, *policy, *replay;
     uint64_t ram_budget, expert_cache, pin;
     double io_bw;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
+    long prompt_seed;  /* --random-prompt's seed */
     bool chat, think, print_ids, help, stats;
-    int max_new, threads, ctx, batch, chunk;
+    int max_new, threads, ctx, batch, chunk, random_prompt;
     df_sampler_params sp;
     bool temp_set, top_p_set, top_k_set;
 } opts;
@@ -155,6 +158,9 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
         else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
         else if (!strcmp(a, "--policy")) o->policy = v;
+        else if (!strcmp(a, "--replay-routing")) o->replay = v;
+        else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)parse_long(a, v, 1, 1 << 24);
+        else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = parse_long(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
         else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
@@ -177,7 +183,8 @@ static df_engine *open_engine(const opts *o) {
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
-                         .pin_bytes = o->pin, .prefill_chunk = o->chunk};
+                         .pin_bytes = o->pin, .prefill_chunk = o->chunk,
+                         .replay_routing = o->replay};
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
@@ -198,6 +205,26 @@ static uint64_t peak_rss_bytes(void) {
 
 /* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
  * between counter snapshots a and b in `secs` of wall time. */
+/* JSON string body of s (quotes, backslashes and control characters escaped). */
+static void json_str(FILE *f, const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+}
+
+/* Events of replayed routing say so: their output is not the model's own. */
+static void json_routing(FILE *f, const df_stats *b) {
+    fprintf(f, "\"routing\":\"%s\"", b->replay_routing ? "replay" : "model");
+    if (b->replay_routing) {
+        fprintf(f, ",\"replay_trace\":\"");
+        json_str(f, b->replay_routing);
+        fputc('"', f);
+    }
+}
+
 static void report(FILE *ev, bool text, const char *what, int rows, const df_stats *a,
                    const df_stats *b, double secs) {
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
@@ -210,18 +237,21 @@ static void report(FILE *ev, bool text, const char *what, int rows, const df_sta
                 what, secs, secs > 0 ? rows / secs : 0.0, (double)bytes / 1e6,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0, (unsigned long long)hits,
                 (unsigned long long)miss, wait, compute);
-    if (ev)
+    if (ev) {
         fprintf(ev,
                 "{\"event\":\"%s\",\"rows\":%d,\"seconds\":%.6f,\"expert_bytes_read\":%llu,"
                 "\"expert_hits\":%llu,\"expert_misses\":%llu,\"read_wait_s\":%.6f,\"compute_s\":%.6f,"
-                "\"read_bandwidth_gbs\":%.4f}\n",
+                "\"read_bandwidth_gbs\":%.4f,",
                 what, rows, secs, (unsigned long long)bytes, (unsigned long long)hits,
                 (unsigned long long)miss, wait, compute, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+        json_routing(ev, b);
+        fprintf(ev, "}\n");
+    }
 }
 
 static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
                     const df_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
-                    double io_bw) {
+                    double io_bw, uint64_t ram_budget) {
     double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
     uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
@@ -247,6 +277,8 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);
+        if (b->replay_routing)
+            fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->replay_routing);
     }
     if (ev)
         fprintf(ev,
@@ -255,11 +287,18 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_bytes_read\":%llu,"
                 "\"bytes_missed_per_token\":%.1f,\"read_bandwidth_gbs\":%.4f,\"read_wait_s\":%.6f,"
                 "\"io_bound_tokens_per_s\":%.6f,\"fraction_of_bound\":%.4f,\"peak_rss_bytes\":%llu,"
-                "\"active_bytes_per_token\":%llu}\n",
+                "\"active_bytes_per_token\":%llu,\"eval_s\":%.6f,\"ttft_s\":%.6f,\"ram_budget\":%llu,"
+                "\"cache_bytes\":%llu,\"expert_bytes\":%llu,\"io_bw_gbs\":%.4f,",
                 n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
                 (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
                 bw / 1e9, wait, bound, bound > 0 ? tps / bound : 0.0,
-                (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token);
+                (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token,
+                b->eval_s - a->eval_s, prefill_s, (unsigned long long)ram_budget,
+                (unsigned long long)b->cache_bytes, (unsigned long long)info->bytes_experts, io_bw);
+    if (ev) {
+        json_routing(ev, b);
+        fprintf(ev, "}\n");
+    }
 }
 
 /* "prefill: layer 12/48, 300/1024 tokens, 85.3 tok/s" redrawn in place on a
@@ -315,16 +354,35 @@ static const char RUN_HELP[] =
     "  --teacher-force SEED benchmarking: feed seeded random tokens instead of the sampled\n"
     "                       ones, so routing cannot settle into a loop\n"
     "  --io-bw GB/S         measured device bandwidth: --stats then reports the I/O bound\n"
-    "                       (bandwidth / bytes missed per token) and the fraction reached\n";
+    "                       (bandwidth / bytes missed per token) and the fraction reached\n"
+    "  --random-prompt N    benchmarking: a seeded random prompt of N tokens instead of\n"
+    "                       --prompt (--prompt-seed S, default 1)\n"
+    "  --replay-routing TRACE  benchmarking and tests only: MoE layers use the expert ids of\n"
+    "                       the trace's next token (# moe-routing-trace v1; one trace token\n"
+    "                       per evaluated row, wrapping around at the end) instead of the\n"
+    "                       router's top-k. The router still runs; the weights are its own\n"
+    "                       probabilities of those ids (renormalised like the model's top-k).\n"
+    "                       Trace MoE layers/experts/top-k must match the model. The output\n"
+    "                       is not the model's: --stats and --events mark it\n";
+
+/* `deltafin bench`: run with no text output and one JSON summary on stdout. */
+static bool g_bench;
 
 static int cmd_run(int argc, char **argv) {
     opts o;
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk ");
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk"
+          " --replay-routing --random-prompt --prompt-seed ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
-    if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
+    if (g_bench) {
+        if (!o.random_prompt && !o.prompt && !o.prompt_tokens) o.random_prompt = 512;
+        if (!o.teacher_seed) o.teacher_seed = 7;
+        o.print_ids = true;
+    }
+    if ((o.prompt != NULL) + (o.prompt_tokens != NULL) + (o.random_prompt > 0) != 1)
+        die("give exactly one of --prompt, --prompt-tokens or --random-prompt");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
@@ -336,6 +394,14 @@ static int cmd_run(int argc, char **argv) {
         int k;
         ids = parse_ids("--prompt-tokens", o.prompt_tokens, &k);
         n = (size_t)k;
+    } else if (o.random_prompt) {
+        n = (size_t)o.random_prompt;
+        ids = malloc(sizeof(int32_t) * n);
+        uint64_t r = (uint64_t)(o.prompt_seed ? o.prompt_seed : 1) * 0x9E3779B97F4A7C15ull;
+        for (size_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((r >> 33) % (uint64_t)info->vocab_size);
+        }
     } else {
         char *text = NULL;
         if (o.chat) {
@@ -393,7 +459,8 @@ static int cmd_run(int argc, char **argv) {
             t = (int32_t)((tf >> 33) % (uint64_t)V);
         }
         hist[nh++] = t;
-        if (o.print_ids) {
+        if (g_bench) {
+        } else if (o.print_ids) {
             printf("%s%d", step ? " " : "", t);
         } else if (!df_is_stop_token(e, t)) {
             size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
@@ -418,11 +485,17 @@ static int cmd_run(int argc, char **argv) {
         size_t w = df_text_stream_flush(&ts, buf, sizeof buf);
         fwrite(buf, 1, w, stdout);
     }
-    printf("\n");
+    if (!g_bench) printf("\n");
     fflush(stdout);
     if (o.stats || ev) {
         report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
-        summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw);
+        summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
+                o.ram_budget);
+    }
+    if (g_bench) {
+        summary(stdout, false, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
+                o.ram_budget);
+        fflush(stdout);
     }
     if (ev) fclose(ev);
     free(hist);
@@ -537,6 +610,8 @@ static const char MAIN_HELP[] =
     "  logits     write the logits of a token sequence to a file\n"
     "  pack       rewrite a checkpoint's routed experts into an expert pack (--verify to check)\n"
     "  cache-sim  replay a routing trace through the expert cache policies\n"
+    "  bench      one benchmark arm: run's options, a seeded 512-token prompt by default,\n"
+    "             teacher-forced decode, one JSON summary line on stdout (make bench)\n"
     "  serve      OpenAI-compatible HTTP server (docs/server.md)\n";
 
 int main(int argc, char **argv) {
@@ -546,6 +621,10 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) {
+        g_bench = true;
+        return cmd_run(argc - 2, argv + 2);
+    }
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);

@@ -33,6 +33,8 @@ struct df_fwd_buf {
     float *xg, *yg;     /* [R][H] rows gathered for one expert, its output */
     int *grow;          /* [R] (row*topk + slot) of each gathered row */
     float *yslot;       /* [R][topk][H] */
+    df_route_fn route_fn; /* routing replay (benchmarks): replaces the top-k ids */
+    void *route_user;
 };
 
 /* The sizes the work buffers are made of. */
@@ -85,6 +87,11 @@ void df_fwd_buf_free(df_fwd_buf *b) {
 }
 
 int df_fwd_buf_rows(const df_fwd_buf *b) { return b->rows; }
+
+void df_fwd_buf_set_route(df_fwd_buf *b, df_route_fn fn, void *user) {
+    b->route_fn = fn;
+    b->route_user = user;
+}
 
 size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx) {
     dims d = buf_dims(m, rows);
@@ -282,8 +289,12 @@ static void mlp(df_pool *pool, df_fwd_buf *b, const df_weight *gate, const df_we
 }
 
 /* Softmax over all experts (float), top-k by probability (ties: lower id),
- * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block. */
-static void route(const df_config *c, const float *logits, int *sel, float *w) {
+ * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block.
+ * forced (routing replay): these ids instead of the top-k, each weighted by the
+ * router's own probability for it, renormalised the same way, so the weights
+ * stay the router's and only the choice is replaced. */
+static void route(const df_config *c, const float *logits, int *sel, float *w,
+                  const int *forced) {
     int E = c->num_experts, K = c->num_experts_per_tok;
     float mx = -INFINITY;
     for (int e = 0; e < E; e++)
@@ -295,6 +306,11 @@ static void route(const df_config *c, const float *logits, int *sel, float *w) {
     }
     for (int e = 0; e < E; e++) prob[e] /= sum;
     for (int k = 0; k < K; k++) {
+        if (forced) {
+            sel[k] = forced[k];
+            w[k] = prob[forced[k]];
+            continue;
+        }
         int best = -1;
         for (int e = 0; e < E; e++) {
             bool taken = false;
@@ -332,8 +348,12 @@ static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b,
     const df_layer *L = &m->layers[li];
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     matmul(pool, b->router, b->xb, &L->router, T);
-    for (int t = 0; t < T; t++)
-        route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K);
+    for (int t = 0; t < T; t++) {
+        int forced[K];
+        if (b->route_fn) b->route_fn(b->route_user, li, t, forced);
+        route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K,
+              b->route_fn ? forced : NULL);
+    }
 
     /* The distinct experts the batch needs, each computed once for all its rows. */
     int need[E], n_need = 0;
