@@ -203,6 +203,19 @@ static uint64_t peak_rss_bytes(void) {
     return (uint64_t)kb * 1024;
 }
 
+/* Bytes this process has made the kernel fetch from storage (/proc/self/io
+ * read_bytes): page-cache misses and O_DIRECT reads alike, so the page-cache path's
+ * real reads can be compared with the pack's. */
+static uint64_t storage_read_bytes(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[128];
+    unsigned long long b = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "read_bytes: %llu", &b) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)b;
+}
+
 /* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
  * between counter snapshots a and b in `secs` of wall time. */
 /* JSON string body of s (quotes, backslashes and control characters escaped). */
@@ -251,7 +264,7 @@ static void report(FILE *ev, bool text, const char *what, int rows, const df_sta
 
 static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
                     const df_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
-                    double io_bw, uint64_t ram_budget) {
+                    double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
     double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
     uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
@@ -288,13 +301,14 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "\"bytes_missed_per_token\":%.1f,\"read_bandwidth_gbs\":%.4f,\"read_wait_s\":%.6f,"
                 "\"io_bound_tokens_per_s\":%.6f,\"fraction_of_bound\":%.4f,\"peak_rss_bytes\":%llu,"
                 "\"active_bytes_per_token\":%llu,\"eval_s\":%.6f,\"ttft_s\":%.6f,\"ram_budget\":%llu,"
-                "\"cache_bytes\":%llu,\"expert_bytes\":%llu,\"io_bw_gbs\":%.4f,",
+                "\"cache_bytes\":%llu,\"expert_bytes\":%llu,\"io_bw_gbs\":%.4f,\"storage_bytes_read\":%llu,",
                 n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
                 (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
                 bw / 1e9, wait, bound, bound > 0 ? tps / bound : 0.0,
                 (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token,
                 b->eval_s - a->eval_s, prefill_s, (unsigned long long)ram_budget,
-                (unsigned long long)b->cache_bytes, (unsigned long long)info->bytes_experts, io_bw);
+                (unsigned long long)b->cache_bytes, (unsigned long long)info->bytes_experts, io_bw,
+                (unsigned long long)storage_bytes);
     if (ev) {
         json_routing(ev, b);
         fprintf(ev, "}\n");
@@ -448,6 +462,7 @@ static int cmd_run(int argc, char **argv) {
     df_engine_stats(e, &prev);
     report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
     df_stats after_prefill = prev;
+    uint64_t io0 = storage_read_bytes();
     int n_decoded = 0;
     df_text_stream ts = {0};
     char buf[4096];
@@ -481,6 +496,7 @@ static int cmd_run(int argc, char **argv) {
         prev = now;
     }
     double t2 = now_s();
+    uint64_t io_dec = storage_read_bytes() - io0;
     if (!o.print_ids) {
         size_t w = df_text_stream_flush(&ts, buf, sizeof buf);
         fwrite(buf, 1, w, stdout);
@@ -490,11 +506,11 @@ static int cmd_run(int argc, char **argv) {
     if (o.stats || ev) {
         report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
         summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
-                o.ram_budget);
+                o.ram_budget, io_dec);
     }
     if (g_bench) {
         summary(stdout, false, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
-                o.ram_budget);
+                o.ram_budget, io_dec);
         fflush(stdout);
     }
     if (ev) fclose(ev);
@@ -561,13 +577,14 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk --replay-routing ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"
              "row to FILE as little-endian float32 [T][vocab]. --batch N feeds the tokens N\n"
              "at a time (the results must not depend on it). --experts DIRS and --ram-budget\n"
-             "SIZE stream the routed experts as in `deltafin run`.");
+             "SIZE stream the routed experts as in `deltafin run`; --replay-routing TRACE\n"
+             "replays a routing trace as there (tests).");
         return 0;
     }
     if (!o.tokens || !o.out) die("--tokens and --out are required");
