@@ -333,9 +333,13 @@ static void show_progress(void *user, int layer, int n_layers, int rows_done, in
 }
 
 static const char RUN_HELP[] =
-    "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n"
+    "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS | --random-prompt N)\n"
+    "                    [options]\n"
+    "       deltafin bench --model DIR [run options]\n"
     "\n"
-    "Generates a continuation and streams it to stdout.\n"
+    "Generates a continuation and streams it to stdout. `bench` is one benchmark arm: the\n"
+    "same options, by default a 512-token --random-prompt and --teacher-force 7, no text,\n"
+    "and the --events summary as one JSON line on stdout (docs/benchmarks.md).\n"
     "  --model DIR          Hugging Face checkpoint directory (config.json, *.safetensors,\n"
     "                       tokenizer.json)\n"
     "  --prompt TEXT        prompt text (special tokens such as <|im_start|> are recognised)\n"
