@@ -86,7 +86,9 @@ for (sec, pct, arm), rs in sorted(groups.items()):
              "model": rs[0]["model"], "routing": rs[0].get("routing"),
              "prompt_tokens": rs[0]["prompt_tokens"], "decode_tokens": rs[0]["decode_tokens"]}
     if arm == "pagecache":
-        entry["page_cache_held"] = all(r.get("memhog_locked", 0) > 0 for r in rs)
+        # held: memhog locked everything but the budget (within 256 MiB)
+        entry["page_cache_held"] = all(r.get("memhog_locked", 0) > 0 and r.get("memhog_short", 1 << 62) < 256 << 20
+                                       for r in rs)
     for k in d[0]:
         entry[k] = stats([x[k] for x in d])
     if (pct, arm) in sims and sec == "replay":
@@ -181,6 +183,7 @@ set output '{out}/{sec}-time-split.png'
 set title 'deltafin {sec}: time per decoded token'
 set ylabel 'ms per token'
 unset xlabel
+set key outside right top
 set style data histograms
 set style histogram rowstacked
 set style fill solid 0.8 border -1

@@ -20,8 +20,9 @@
 # Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
 # COLD (1: drop caches before every arm), HOLD (1: hold the page cache to the
 # budget with memhog in page-cache arms; it locks most of the machine's memory,
-# so it is off in --quick, which is meant for a shared machine), SECTIONS
-# ("sweep replay"), TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
+# so it is off in --quick, which is meant for a shared machine; HOLD_MAX caps
+# what it locks, for trying the mechanism out), RESULTS_DIR, SECTIONS
+# ("sweep replay demo"), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
 # DRAFT_ARMS ("name=flags;name=flags"). Models go to $B/bench-models/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +64,7 @@ RR_HIDDEN=${RR_HIDDEN:-$(q 512 1024)}
 RR_MOE_I=${RR_MOE_I:-$(q 256 512)}
 
 DATE=$(date +%Y-%m-%d)
-OUT=bench/results/$DATE$([ "$QUICK" = 1 ] && echo -quick || true)
+OUT=${RESULTS_DIR:-bench/results/$DATE$([ "$QUICK" = 1 ] && echo -quick || true)}
 mkdir -p "$OUT"
 ARMS=$OUT/arms.jsonl
 : >"$ARMS"
@@ -71,6 +72,10 @@ LOG=$OUT/suite.log
 : >"$LOG"
 say() { echo "$*" | tee -a "$LOG"; }
 T0=$(date +%s)
+TMP=$(mktemp -d)
+HOG="" # a running memhog: never left behind holding the machine's memory
+trap '[ -z "$HOG" ] || kill "$HOG" 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'exit 130' INT TERM
 
 # ---- machine facts --------------------------------------------------------------
 DEV=$(findmnt -no SOURCE --target "$B" 2>/dev/null | sed 's|^/dev/||; s|\[.*||')
@@ -123,7 +128,7 @@ pack() { # MODEL -> MODEL-pack
 # run_arm SECTION ARM MODEL FRAC EXPERT_BYTES DENSE_BYTES IOBW REP PROMPT NEW FLAGS...
 run_arm() {
     local sec=$1 arm=$2 m=$3 frac=$4 eb=$5 db=$6 iobw=$7 rep=$8 plen=$9 new=${10}; shift 10
-    local cache=$((eb * frac / 100)) hog="" locked=0 err=$OUT/last.err
+    local cache=$((eb * frac / 100)) locked=0 short=0 err=$TMP/arm.err
     local flags=("$@")
     if [ "$arm" = resident ] || [[ "$arm" == resident-* ]]; then
         : # everything in RAM, mapped: no cache to size
@@ -138,30 +143,36 @@ run_arm() {
     if [ "$arm" = pagecache ] && [ "$HOLD" = 1 ]; then
         # page cache allowed: the budget + the always-active weights (mapped from
         # the same files) + 384 MiB for the engine's own memory
-        rm -f "$OUT/memhog.ready"
-        "$B/memhog" --leave $((cache + db + (384 << 20))) --ready "$OUT/memhog.ready" >/dev/null &
-        hog=$!
-        for _ in $(seq 600); do [ -f "$OUT/memhog.ready" ] && break; sleep 0.1; done
-        locked=$(cat "$OUT/memhog.ready" 2>/dev/null || echo 0)
+        rm -f "$TMP/memhog.ready"
+        "$B/memhog" --leave $((cache + db + (384 << 20))) ${HOLD_MAX:+--max "$HOLD_MAX"} \
+            --ready "$TMP/memhog.ready" >/dev/null &
+        HOG=$!
+        for _ in $(seq 1200); do
+            [ -f "$TMP/memhog.ready" ] && break
+            kill -0 "$HOG" 2>/dev/null || { say "note: memhog failed: page cache not held"; HOG=""; break; }
+            sleep 0.1
+        done
+        read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
+        [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding the page cache to the budget"
     fi
     local r0 r1 json
     r0=$(dev_read_bytes)
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
         r1=$(dev_read_bytes)
-        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$((r1 - r0))" "$locked" "$cache" "$m" >>"$ARMS" <<'PYEOF'
+        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$((r1 - r0))" "$locked" "$cache" "$m" "$short" >>"$ARMS" <<'PYEOF'
 import json, sys
 d = json.loads(sys.argv[1])
 d.update(section=sys.argv[2], arm=sys.argv[3], budget_pct=int(sys.argv[4]), rep=int(sys.argv[5]),
          device_bytes_read=int(sys.argv[6]), memhog_locked=int(sys.argv[7]), budget_bytes=int(sys.argv[8]),
-         model=sys.argv[9])
+         model=sys.argv[9], memhog_short=int(sys.argv[10]))
 print(json.dumps(d))
 PYEOF
         say "$sec $arm ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); n=max(1,d['decode_tokens']); print('%.3f tok/s, ttft %.2f s, %.2f MB/token read from storage, hits %d misses %d, peak RSS %.0f MiB' % (d['tokens_per_s'], d['ttft_s'], d['storage_bytes_read']/n/1e6, d['expert_hits'], d['expert_misses'], d['peak_rss_bytes']/2**20))")"
     else
         say "$sec $arm ${frac}% rep $rep FAILED: $(tail -1 "$err")"
     fi
-    if [ -n "$hog" ]; then kill "$hog"; wait "$hog" 2>/dev/null || true; fi
+    if [ -n "$HOG" ]; then kill "$HOG"; wait "$HOG" 2>/dev/null || true; HOG=""; fi
 }
 model_shape() { /usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(sum(1 for i in range(c["num_hidden_layers"]) if i not in c.get("mlp_only_layers",[])), c["num_experts"], c["num_experts_per_tok"])' "$1"; }
 
@@ -235,7 +246,7 @@ if [[ " $SECTIONS " == *" replay "* ]]; then
             say ""
             say "## replay: $RM routed by $TRACE; experts $((EB >> 20)) MiB, always-active $((DB >> 20)) MiB; prompt $REPLAY_PROMPT, decode $REPLAY_NEW"
             # the trace tokens the runs use (prompt rows, then decoded rows), for cache-sim
-            SUB=$OUT/replay-used.trace
+            SUB=$TMP/replay-used.trace
             /usr/bin/python3 - "$TRACE" $((REPLAY_PROMPT + REPLAY_NEW)) "$SUB" <<'PYEOF'
 import sys
 src, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -3,6 +3,8 @@
  * the model, tokenizer and thread pool; a session owns one KV-cache timeline and
  * its work buffers. Sessions feed the forward pass in chunks of rows, which does
  * not change any result (a row's logits do not depend on the batch it is in).
+ * For benchmarks the engine can also replay a routing trace (one trace token per
+ * evaluated row, through the forward pass's routing hook).
  */
 #include "deltafin.h"
 

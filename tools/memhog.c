@@ -9,7 +9,9 @@
  * Safety: it never locks more than --max (default: all but LEAVE), never leaves
  * less than 256 MiB for the rest of the system beyond LEAVE, and locks in 64 MiB
  * steps, re-reading MemAvailable, so a system that is busier than when it started
- * is not pushed into the OOM killer. Prints "locked N" (bytes) once it holds.
+ * is not pushed into the OOM killer. Once it holds it prints (and writes to the
+ * --ready file) "N S": bytes locked, and bytes short of the goal (what is still
+ * available beyond LEAVE and the reserve; large when --max stopped it).
  */
 #include <errno.h>
 #include <signal.h>
@@ -92,13 +94,18 @@ int main(int argc, char **argv) {
         }
         locked += n;
     }
-    printf("locked %llu\n", (unsigned long long)locked);
+    uint64_t avail = mem_available(), goal = leave + SYSTEM_RESERVE + STEP;
+    unsigned long long short_by = avail > goal ? (unsigned long long)(avail - goal) : 0;
+    printf("%llu %llu\n", (unsigned long long)locked, short_by);
     fflush(stdout);
     if (ready) {
-        FILE *f = fopen(ready, "w");
+        /* written whole, then renamed, so a reader never sees half of it */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", ready);
+        FILE *f = fopen(tmp, "w");
         if (f) {
-            fprintf(f, "%llu\n", (unsigned long long)locked);
-            fclose(f);
+            fprintf(f, "%llu %llu\n", (unsigned long long)locked, short_by);
+            if (fclose(f) == 0) rename(tmp, ready);
         }
     }
     while (!stop) pause();
