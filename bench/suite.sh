@@ -50,18 +50,21 @@ HOLD=${HOLD:-$(q 0 1)}
 SECTIONS=${SECTIONS:-"sweep replay demo"}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
-# Model shapes. The defaults keep a full run near 30 minutes on a quiet machine
-# with a ~1 GB/s disk (experts: sweep 3.0 GiB, replay 4.9 GiB; quick: 0.75 and
-# 1.2 GiB); raise them for a bigger disk-to-RAM ratio, e.g. SYN_HIDDEN=2048
-# SYN_MOE_I=768 SYN_EXPERTS=128 SYN_TOPK=8 (9 GiB, the bench/run.sh model) or
-# RR_HIDDEN=2048 RR_MOE_I=1408 (DeepSeek-V2-Lite's experts, 27 GiB).
-SYN_HIDDEN=${SYN_HIDDEN:-$(q 1024 1024)}
-SYN_LAYERS=${SYN_LAYERS:-$(q 4 8)}
-SYN_EXPERTS=${SYN_EXPERTS:-$(q 64 128)}
-SYN_TOPK=${SYN_TOPK:-$(q 4 8)}
-SYN_MOE_I=${SYN_MOE_I:-$(q 512 512)}
-RR_HIDDEN=${RR_HIDDEN:-$(q 512 1024)}
-RR_MOE_I=${RR_MOE_I:-$(q 256 512)}
+# Model shapes, the same in both modes (the models are made once): sweep experts
+# 0.75 GiB (4 layers x 64 experts x 3 MiB, top-4), replay experts 1.2 GiB (the
+# trace's 26 x 64, top-6, of 0.75 MiB each). Sized so that the default run,
+# whose cost is bytes missed per token x 512 tokens x arms over the disk's
+# bandwidth, stays near 30 minutes on a 2-core VM with a ~1 GB/s disk; raise them
+# on a bigger machine for a bigger disk-to-RAM ratio, e.g. SYN_HIDDEN=2048
+# SYN_MOE_I=768 SYN_LAYERS=8 SYN_EXPERTS=128 SYN_TOPK=8 (9 GiB, the bench/run.sh
+# model) or RR_HIDDEN=2048 RR_MOE_I=1408 (DeepSeek-V2-Lite's experts, 27 GiB).
+SYN_HIDDEN=${SYN_HIDDEN:-1024}
+SYN_LAYERS=${SYN_LAYERS:-4}
+SYN_EXPERTS=${SYN_EXPERTS:-64}
+SYN_TOPK=${SYN_TOPK:-4}
+SYN_MOE_I=${SYN_MOE_I:-512}
+RR_HIDDEN=${RR_HIDDEN:-512}
+RR_MOE_I=${RR_MOE_I:-256}
 
 DATE=$(date +%Y-%m-%d)
 OUT=${RESULTS_DIR:-bench/results/$DATE$([ "$QUICK" = 1 ] && echo -quick || true)}

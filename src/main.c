@@ -67,7 +67,7 @@ typedef struct opts {
     bool chat, think, print_ids, help, stats;
     int max_new, threads, ctx, batch, chunk, random_prompt;
     df_sampler_params sp;
-    bool temp_set, top_p_set, top_k_set;
+    bool temp_set, top_p_set, top_k_set, max_new_set;
 } opts;
 
 static long parse_long(const char *flag, const char *v, long lo, long hi) {
@@ -162,7 +162,7 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)parse_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = parse_long(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
-        else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
+        else if (!strcmp(a, "--max-new")) { o->max_new = (int)parse_long(a, v, 0, 1 << 24); o->max_new_set = true; }
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)parse_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--batch")) o->batch = (int)parse_long(a, v, 1, 1 << 24);
@@ -338,8 +338,9 @@ static const char RUN_HELP[] =
     "       deltafin bench --model DIR [run options]\n"
     "\n"
     "Generates a continuation and streams it to stdout. `bench` is one benchmark arm: the\n"
-    "same options, by default a 512-token --random-prompt and --teacher-force 7, no text,\n"
-    "and the --events summary as one JSON line on stdout (docs/benchmarks.md).\n"
+    "same options, by default a 512-token --random-prompt, --teacher-force 7 and 512 decoded\n"
+    "tokens (--max-new 513), no text, and the --events summary as one JSON line on stdout\n"
+    "(docs/benchmarks.md).\n"
     "  --model DIR          Hugging Face checkpoint directory (config.json, *.safetensors,\n"
     "                       tokenizer.json)\n"
     "  --prompt TEXT        prompt text (special tokens such as <|im_start|> are recognised)\n"
@@ -397,6 +398,7 @@ static int cmd_run(int argc, char **argv) {
     if (g_bench) {
         if (!o.random_prompt && !o.prompt && !o.prompt_tokens) o.random_prompt = 512;
         if (!o.teacher_seed) o.teacher_seed = 7;
+        if (!o.max_new_set) o.max_new = 513; /* the first token comes from the prompt */
         o.print_ids = true;
     }
     if ((o.prompt != NULL) + (o.prompt_tokens != NULL) + (o.random_prompt > 0) != 1)
