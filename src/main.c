@@ -193,31 +193,24 @@ static df_engine *open_engine(const opts *o) {
 
 /* ---- run ------------------------------------------------------------------------- */
 
-static uint64_t peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
+/* The number a line of a /proc file gives (fmt: the line with one %llu), 0 if none. */
+static uint64_t proc_number(const char *path, const char *fmt) {
+    FILE *f = fopen(path, "r");
     char line[256];
-    unsigned long long kb = 0;
+    unsigned long long v = 0;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+        if (sscanf(line, fmt, &v) == 1) break;
     if (f) fclose(f);
-    return (uint64_t)kb * 1024;
+    return (uint64_t)v;
 }
+
+static uint64_t peak_rss_bytes(void) { return proc_number("/proc/self/status", "VmHWM: %llu kB") * 1024; }
 
 /* Bytes this process has made the kernel fetch from storage (/proc/self/io
  * read_bytes): page-cache misses and O_DIRECT reads alike, so the page-cache path's
  * real reads can be compared with the pack's. */
-static uint64_t storage_read_bytes(void) {
-    FILE *f = fopen("/proc/self/io", "r");
-    char line[128];
-    unsigned long long b = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "read_bytes: %llu", &b) == 1) break;
-    if (f) fclose(f);
-    return (uint64_t)b;
-}
+static uint64_t storage_read_bytes(void) { return proc_number("/proc/self/io", "read_bytes: %llu"); }
 
-/* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
- * between counter snapshots a and b in `secs` of wall time. */
 /* JSON string body of s (quotes, backslashes and control characters escaped). */
 static void json_str(FILE *f, const char *s) {
     for (; *s; s++) {
@@ -238,6 +231,8 @@ static void json_routing(FILE *f, const df_stats *b) {
     }
 }
 
+/* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
+ * between counter snapshots a and b in `secs` of wall time. */
 static void report(FILE *ev, bool text, const char *what, int rows, const df_stats *a,
                    const df_stats *b, double secs) {
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
@@ -481,6 +476,7 @@ static int cmd_run(int argc, char **argv) {
         }
         hist[nh++] = t;
         if (g_bench) {
+            /* no tokens: one JSON line at the end */
         } else if (o.print_ids) {
             printf("%s%d", step ? " " : "", t);
         } else if (!df_is_stop_token(e, t)) {
