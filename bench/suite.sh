@@ -89,7 +89,6 @@ say "memory read bandwidth: ${MEMBW:-?} GB/s (bench_kernels)"
 say "settings: REPS=$REPS PROMPT_LEN=$PROMPT_LEN NEW=$NEW FRACS='$FRACS' REPLAY_FRACS='$REPLAY_FRACS' THREADS=$THREADS COLD=$COLD HOLD=$HOLD"
 
 drop() { [ "$COLD" = 1 ] || return 0; sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || say "(cannot drop caches: not root)"; }
-dev_read_bytes() { awk -v d="$DEV" '$3 == d {printf "%.0f\n", $6 * 512}' /proc/diskstats | grep . || echo 0; }
 has_run_flag() { "$ENG" run --help | grep -q -- "$1"; }
 
 # model_bytes MODEL -> "experts dense"
@@ -158,17 +157,15 @@ run_arm() {
         read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
         [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding the page cache to the budget"
     fi
-    local r0 r1 json
-    r0=$(dev_read_bytes)
+    local json
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
-        r1=$(dev_read_bytes)
-        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$((r1 - r0))" "$locked" "$cache" "$m" "$short" >>"$ARMS" <<'PYEOF'
+        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$locked" "$cache" "$m" "$short" >>"$ARMS" <<'PYEOF'
 import json, sys
 d = json.loads(sys.argv[1])
 d.update(section=sys.argv[2], arm=sys.argv[3], budget_pct=int(sys.argv[4]), rep=int(sys.argv[5]),
-         device_bytes_read=int(sys.argv[6]), memhog_locked=int(sys.argv[7]), budget_bytes=int(sys.argv[8]),
-         model=sys.argv[9], memhog_short=int(sys.argv[10]))
+         memhog_locked=int(sys.argv[6]), budget_bytes=int(sys.argv[7]), model=sys.argv[8],
+         memhog_short=int(sys.argv[9]))
 print(json.dumps(d))
 PYEOF
         say "$sec $arm ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); n=max(1,d['decode_tokens']); print('%.3f tok/s, ttft %.2f s, %.2f MB/token read from storage, hits %d misses %d, peak RSS %.0f MiB' % (d['tokens_per_s'], d['ttft_s'], d['storage_bytes_read']/n/1e6, d['expert_hits'], d['expert_misses'], d['peak_rss_bytes']/2**20))")"
@@ -300,7 +297,7 @@ if [[ " $SECTIONS " == *" demo "* ]]; then
     DM=${DEMO_MODEL:-models/demo-moe}
     if [ ! -f "$DM/config.json" ]; then
         say ""
-        say "note: $DM absent (trained by scripts/demo.sh's owner): demo section skipped"
+        say "note: $DM absent (the trained demo model is another issue's): demo section skipped"
     else
         read -r EB DB < <(model_bytes "$DM")
         say ""
