@@ -35,7 +35,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/%)
 
 isa_flags = $(if $(findstring _avx512,$1),$(ISA_AVX512),$(if $(findstring _avx2,$1),$(ISA_AVX2),))
 
-.PHONY: all test bench demo setup clean check-deps
+.PHONY: all test bench bench-quick bench-core demo setup clean check-deps
 all: $(B)/deltafin
 
 $(B)/rel/%.o: %.c $(wildcard include/*.h) $(shell find src -name '*.h')
@@ -77,7 +77,18 @@ $(B)/bench_kernels: bench/bench_kernels.c $(B)/libdeltafin.a
 $(B)/bench_io: bench/bench_io.c
 	$(CC) $(BASE_CFLAGS) $(OPT) $< $(LDLIBS) -o $@
 
-bench: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io
+$(B)/memhog: tools/memhog.c
+	$(CC) $(BASE_CFLAGS) $(OPT) $< -o $@
+
+# make bench [BENCH_ARGS=--quick]: the suite (bench/suite.sh; settings in its
+# header); make bench-core: kernels, in-RAM decode, pack vs page cache (bench/run.sh)
+bench: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io $(B)/memhog
+	@B=$(B) bash bench/suite.sh $(BENCH_ARGS)
+
+bench-quick: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io $(B)/memhog
+	@B=$(B) bash bench/suite.sh --quick
+
+bench-core: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io
 	@B=$(B) bash bench/run.sh
 
 demo: $(B)/deltafin

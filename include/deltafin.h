@@ -68,6 +68,15 @@ typedef struct df_engine_opts {
     const char *prefetch;
     int prefetch_depth;
     double prefetch_min_recall;
+    /* Benchmarks and tests only: a routing trace (# moe-routing-trace v1) whose
+     * tokens, in file order, choose the experts of the rows evaluated, one trace
+     * token per row, wrapping around at the end. The router still runs and the
+     * weights are its softmax probabilities of the replayed ids (renormalised
+     * when the model renormalises its top-k), so compute and bytes are those of
+     * a model that routed this way; the output is not the model's own. The
+     * trace's MoE layer count, experts per layer and top-k must match the
+     * model. NULL: the model's own routing. The server never sets it. */
+    const char *replay_routing;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -117,6 +126,11 @@ typedef struct df_stats {
     uint64_t prefetch_bytes_used;
     uint64_t prefetch_bytes_wasted; /* read on a prediction the layer did not use */
     uint64_t prefetch_no_room;  /* predicted experts not read for lack of a free slot */
+    /* over all MoE layers and the steps where a prediction was issued: experts
+     * predicted, of those used, and used (recall = correct / actual) */
+    uint64_t prefetch_predicted, prefetch_correct, prefetch_actual;
+    const char *replay_routing; /* trace the routing is replayed from, NULL: the
+                                   model's own routing */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

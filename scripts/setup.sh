@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential pkg-config liburing-dev libpcre2-dev libutf8proc-dev
       libjansson-dev libmicrohttpd-dev libxxhash-dev libcmocka-dev python3 python3-numpy
-      libopenblas0-pthread nodejs npm curl ca-certificates)
+      libopenblas0-pthread nodejs npm curl ca-certificates gnuplot-nox)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -3,12 +3,15 @@
  * the model, tokenizer and thread pool; a session owns one KV-cache timeline and
  * its work buffers. Sessions feed the forward pass in chunks of rows, which does
  * not change any result (a row's logits do not depend on the batch it is in).
+ * For benchmarks the engine can also replay a routing trace (one trace token per
+ * evaluated row, through the forward pass's routing hook).
  */
 #include "deltafin.h"
 
 #include "experts/pack.h"
 #include "experts/prefetch.h"
 #include "experts/store.h"
+#include "experts/trace.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokenizer/chat.h"
@@ -33,6 +36,11 @@ struct df_engine {
     uint64_t tokens;
     double eval_s;
     int chunk;            /* rows per forward pass */
+    /* routing replay (df_engine_opts.replay_routing) */
+    df_trace *replay;
+    char *replay_path;
+    int *replay_layer;    /* [layers] MoE ordinal of each model layer, -1 dense */
+    uint64_t replay_next; /* trace token the next evaluated row uses */
 };
 
 struct df_session {
@@ -43,6 +51,7 @@ struct df_session {
     df_fwd_buf *buf;
     int pos;
     int max_ctx;
+    uint64_t replay_base; /* trace token of row 0 of the pass in progress */
 };
 
 static void add_stop(df_engine *e, int32_t id) {
@@ -160,6 +169,64 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
     return rc;
 }
 
+/* ---- routing replay ------------------------------------------------------------ */
+
+/* Loads the trace and checks it against the model's MoE layers, experts and top-k. */
+static int setup_replay(df_engine *e, const char *path, df_error *err) {
+    const df_config *c = &e->model.cfg;
+    if (c->num_experts <= 0)
+        return df_fail(err, DF_ERR_ARG, "--replay-routing %s: the model has no routed experts", path);
+    df_trace *t = df_xcalloc(1, sizeof *t);
+    int rc = df_trace_load(t, path, err);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    int n_moe = 0;
+    for (int i = 0; i < c->num_hidden_layers; i++) n_moe += c->layer_is_moe[i];
+    const char *field = NULL;
+    int have = 0, want = 0;
+    if (t->n_layers != n_moe) field = "moe_layers", have = t->n_layers, want = n_moe;
+    else if (t->n_experts != c->num_experts)
+        field = "experts_per_layer", have = t->n_experts, want = c->num_experts;
+    else if (t->top_k != c->num_experts_per_tok)
+        field = "top_k", have = t->top_k, want = c->num_experts_per_tok;
+    if (field || t->n_tokens == 0) {
+        df_trace_free(t);
+        free(t);
+        if (!field) return df_fail(err, DF_ERR_ARG, "--replay-routing %s: the trace has no tokens", path);
+        return df_fail(err, DF_ERR_ARG,
+                       "--replay-routing %s: %s is %d but the model has %d (%d MoE layers, %d experts, "
+                       "top-%d)", path, field, have, want, n_moe, c->num_experts, c->num_experts_per_tok);
+    }
+    e->replay = t;
+    e->replay_path = df_xstrdup(path);
+    e->replay_layer = df_xmalloc(sizeof(int) * (size_t)c->num_hidden_layers);
+    for (int i = 0, k = 0; i < c->num_hidden_layers; i++) e->replay_layer[i] = c->layer_is_moe[i] ? k++ : -1;
+    return DF_OK;
+}
+
+static void free_replay(df_engine *e) {
+    if (e->replay) df_trace_free(e->replay);
+    free(e->replay);
+    free(e->replay_path);
+    free(e->replay_layer);
+    e->replay = NULL;
+    e->replay_path = NULL;
+    e->replay_layer = NULL;
+}
+
+/* The forward pass's hook: row `row` of the pass uses trace token replay_base + row
+ * (wrapping around: a bench may decode more tokens than the trace holds). */
+static void replay_route(void *user, int layer, int row, int *ids) {
+    const df_session *s = user;
+    const df_engine *e = s->eng;
+    const df_trace *t = e->replay;
+    int tok = (int)((s->replay_base + (uint64_t)row) % (uint64_t)t->n_tokens);
+    const uint16_t *src = df_trace_at(t, tok, e->replay_layer[layer]);
+    for (int k = 0; k < t->top_k; k++) ids[k] = src[k];
+}
+
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     *out = NULL;
     if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
@@ -199,6 +266,13 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         return rc;
     }
     const df_config *c = &e->model.cfg;
+    /* before the budget is sized, so that the trace counts in what is resident */
+    if (opts->replay_routing && (rc = setup_replay(e, opts->replay_routing, err))) {
+        df_tokenizer_free(e->tok);
+        df_model_free(&e->model);
+        free(e);
+        return rc;
+    }
     if ((opts->experts && *opts->experts) || opts->ram_budget || opts->expert_cache) {
         uint64_t unused;
         /* a dense model has nothing to stream: the budget must hold all of it */
@@ -206,6 +280,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
                  ? (opts->ram_budget ? budget_left(e, opts, true, &unused, err) : DF_OK)
                  : setup_streaming(e, opts, err);
         if (rc) {
+            free_replay(e);
             df_tokenizer_free(e->tok);
             df_model_free(&e->model);
             free(e);
@@ -253,6 +328,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
 void df_engine_close(df_engine *e) {
     if (!e) return;
     df_store_close(e->store);
+    free_replay(e);
     df_pool_free(e->pool);
     df_tokenizer_free(e->tok);
     df_model_free(&e->model);
@@ -266,6 +342,7 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->tokens = e->tokens;
     o->eval_s = e->eval_s;
     o->expert_source = "resident";
+    o->replay_routing = e->replay_path;
     if (!e->store) return;
     df_store_stats s = df_store_get_stats(e->store);
     o->read_wait_s = s.wait_s;
@@ -286,6 +363,14 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->prefetch_bytes_used = s.prefetch_bytes_used;
     o->prefetch_bytes_wasted = s.prefetch_bytes_wasted;
     o->prefetch_no_room = s.prefetch_no_room;
+    int n_moe = df_store_moe_layers(e->store);
+    for (int l = 0; l < n_moe; l++) {
+        df_pf_layer_stats pl;
+        df_store_prefetch_layer(e->store, l, &pl);
+        o->prefetch_predicted += pl.predicted;
+        o->prefetch_correct += pl.correct;
+        o->prefetch_actual += pl.actual;
+    }
 }
 
 int df_engine_prefetch_layers(const df_engine *e, df_prefetch_layer *out, int cap) {
@@ -516,6 +601,7 @@ int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
         return rc;
     }
     s->buf = df_fwd_buf_new(&e->model, e->chunk, max_ctx);
+    if (e->replay) df_fwd_buf_set_route(s->buf, replay_route, s);
     *out = s;
     return DF_OK;
 }
@@ -574,11 +660,13 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         if (logits && all_rows) lg = logits + (size_t)done * V;
         else if (logits && last) lg = logits;
         progress_ctx pc = {s, done, n};
+        s->replay_base = s->eng->replay_next;
         int rc = df_qwen3_forward(m, s->eng->store, s->eng->pool, &s->kv, s->buf, tokens + done, T,
                                   s->pos, lg, all_rows != 0, s->progress ? on_layer : NULL, &pc, err);
         if (rc) return rc; /* the position stays: the chunk can be evaluated again */
         s->pos += T;
         done += T;
+        s->eng->replay_next += (uint64_t)T; /* only once the rows are in: a retry replays the same */
         s->eng->tokens += (uint64_t)T;
     }
     s->eng->eval_s += df_now() - t0;

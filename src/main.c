@@ -8,6 +8,8 @@
  *   deltafin logits    raw logits of a token sequence (for tests and tools)
  *   deltafin pack      rewrite routed experts into an expert pack, or --verify one
  *   deltafin cache-sim replay a routing trace through the expert cache policies
+ *   deltafin bench     one benchmark arm: `run` on a seeded random prompt, teacher-forced,
+ *                      one JSON summary on stdout (bench/suite.sh drives it)
  *
  * Exit codes: 0 success, 2 bad input or usage (the message names what is wrong),
  * 1 an unexpected runtime failure.
@@ -57,14 +59,15 @@ static double now_s(void) {
 
 typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
-    const char *experts, *events, *policy, *prefetch;
+    const char *experts, *events, *policy, *prefetch, *replay;
     uint64_t ram_budget, expert_cache, pin;
     double io_bw, prefetch_min_recall;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
+    long prompt_seed;  /* --random-prompt's seed */
     bool chat, think, print_ids, help, stats;
-    int max_new, threads, ctx, batch, chunk, prefetch_depth;
+    int max_new, threads, ctx, batch, chunk, prefetch_depth, random_prompt;
     df_sampler_params sp;
-    bool temp_set, top_p_set, top_k_set;
+    bool temp_set, top_p_set, top_k_set, max_new_set;
 } opts;
 
 static long parse_long(const char *flag, const char *v, long lo, long hi) {
@@ -162,8 +165,11 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
             if (o->prefetch_min_recall <= 0 || o->prefetch_min_recall > 1)
                 die("--prefetch-min-recall expects a number in (0, 1], got '%s'", v);
         }
+        else if (!strcmp(a, "--replay-routing")) o->replay = v;
+        else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)parse_long(a, v, 1, 1 << 24);
+        else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = parse_long(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
-        else if (!strcmp(a, "--max-new")) o->max_new = (int)parse_long(a, v, 0, 1 << 24);
+        else if (!strcmp(a, "--max-new")) { o->max_new = (int)parse_long(a, v, 0, 1 << 24); o->max_new_set = true; }
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)parse_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--batch")) o->batch = (int)parse_long(a, v, 1, 1 << 24);
@@ -186,7 +192,7 @@ static df_engine *open_engine(const opts *o) {
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
                          .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth,
-                         .prefetch_min_recall = o->prefetch_min_recall};
+                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay};
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
@@ -195,14 +201,42 @@ static df_engine *open_engine(const opts *o) {
 
 /* ---- run ------------------------------------------------------------------------- */
 
-static uint64_t peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
+/* The number a line of a /proc file gives (fmt: the line with one %llu), 0 if none. */
+static uint64_t proc_number(const char *path, const char *fmt) {
+    FILE *f = fopen(path, "r");
     char line[256];
-    unsigned long long kb = 0;
+    unsigned long long v = 0;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+        if (sscanf(line, fmt, &v) == 1) break;
     if (f) fclose(f);
-    return (uint64_t)kb * 1024;
+    return (uint64_t)v;
+}
+
+static uint64_t peak_rss_bytes(void) { return proc_number("/proc/self/status", "VmHWM: %llu kB") * 1024; }
+
+/* Bytes this process has made the kernel fetch from storage (/proc/self/io
+ * read_bytes): page-cache misses and O_DIRECT reads alike, so the page-cache path's
+ * real reads can be compared with the pack's. */
+static uint64_t storage_read_bytes(void) { return proc_number("/proc/self/io", "read_bytes: %llu"); }
+
+/* JSON string body of s (quotes, backslashes and control characters escaped). */
+static void json_str(FILE *f, const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+}
+
+/* Events of replayed routing say so: their output is not the model's own. */
+static void json_routing(FILE *f, const df_stats *b) {
+    fprintf(f, "\"routing\":\"%s\"", b->replay_routing ? "replay" : "model");
+    if (b->replay_routing) {
+        fprintf(f, ",\"replay_trace\":\"");
+        json_str(f, b->replay_routing);
+        fputc('"', f);
+    }
 }
 
 /* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
@@ -222,16 +256,19 @@ static void report(FILE *ev, bool text, const char *what, int rows, const df_sta
                 what, secs, secs > 0 ? rows / secs : 0.0, (double)bytes / 1e6,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0, (unsigned long long)hits,
                 (unsigned long long)miss, (unsigned long long)pf_hits, wait, compute);
-    if (ev)
+    if (ev) {
         fprintf(ev,
                 "{\"event\":\"%s\",\"rows\":%d,\"seconds\":%.6f,\"expert_bytes_read\":%llu,"
                 "\"expert_hits\":%llu,\"expert_misses\":%llu,\"prefetch_hits\":%llu,"
                 "\"prefetch_bytes_used\":%llu,\"prefetch_bytes_wasted\":%llu,"
-                "\"read_wait_s\":%.6f,\"compute_s\":%.6f,\"read_bandwidth_gbs\":%.4f}\n",
+                "\"read_wait_s\":%.6f,\"compute_s\":%.6f,\"read_bandwidth_gbs\":%.4f,",
                 what, rows, secs, (unsigned long long)bytes, (unsigned long long)hits,
                 (unsigned long long)miss, (unsigned long long)pf_hits, (unsigned long long)pf_used,
                 (unsigned long long)pf_waste, wait, compute,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+        json_routing(ev, b);
+        fprintf(ev, "}\n");
+    }
 }
 
 /* Per MoE layer: what the prefetcher uses and how well its predictions did. */
@@ -278,9 +315,11 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
     free(pl);
 }
 
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
 static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
                     const df_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
-                    double io_bw) {
+                    double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
     double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
     uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
     uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
@@ -311,6 +350,8 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);
+        if (b->replay_routing)
+            fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->replay_routing);
     }
     if (ev)
         fprintf(ev,
@@ -319,12 +360,26 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_bytes_read\":%llu,"
                 "\"bytes_missed_per_token\":%.1f,\"prefetch_bytes_wasted\":%llu,"
                 "\"read_bandwidth_gbs\":%.4f,\"read_wait_s\":%.6f,\"prefetch\":\"%s\","
+                "\"prefetch_recall\":%.4f,\"prefetch_precision\":%.4f,"
                 "\"io_bound_tokens_per_s\":%.6f,\"fraction_of_bound\":%.4f,\"peak_rss_bytes\":%llu,"
-                "\"active_bytes_per_token\":%llu}\n",
+                "\"active_bytes_per_token\":%llu,\"eval_s\":%.6f,\"ttft_s\":%.6f,\"ram_budget\":%llu,"
+                "\"cache_bytes\":%llu,\"expert_bytes\":%llu,\"io_bw_gbs\":%.4f,\"storage_bytes_read\":%llu,",
                 n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
                 (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
-                (unsigned long long)waste, bw / 1e9, wait, b->prefetch ? b->prefetch : "off", bound, bound > 0 ? tps / bound : 0.0,
-                (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token);
+                (unsigned long long)waste, bw / 1e9, wait, b->prefetch ? b->prefetch : "off",
+                ratio(b->prefetch_correct - a->prefetch_correct, b->prefetch_actual - a->prefetch_actual),
+                ratio(b->prefetch_correct - a->prefetch_correct,
+                      b->prefetch_predicted - a->prefetch_predicted),
+                bound,
+                bound > 0 ? tps / bound : 0.0,
+                (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token,
+                b->eval_s - a->eval_s, prefill_s, (unsigned long long)ram_budget,
+                (unsigned long long)b->cache_bytes, (unsigned long long)info->bytes_experts, io_bw,
+                (unsigned long long)storage_bytes);
+    if (ev) {
+        json_routing(ev, b);
+        fprintf(ev, "}\n");
+    }
 }
 
 /* "prefill: layer 12/48, 300/1024 tokens, 85.3 tok/s" redrawn in place on a
@@ -345,9 +400,14 @@ static void show_progress(void *user, int layer, int n_layers, int rows_done, in
 }
 
 static const char RUN_HELP[] =
-    "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n"
+    "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS | --random-prompt N)\n"
+    "                    [options]\n"
+    "       deltafin bench --model DIR [run options]\n"
     "\n"
-    "Generates a continuation and streams it to stdout.\n"
+    "Generates a continuation and streams it to stdout. `bench` is one benchmark arm: the\n"
+    "same options, by default a 512-token --random-prompt, --teacher-force 7 and 512 decoded\n"
+    "tokens (--max-new 513), no text, and the --events summary as one JSON line on stdout\n"
+    "(docs/benchmarks.md).\n"
     "  --model DIR          Hugging Face checkpoint directory (config.json, *.safetensors,\n"
     "                       tokenizer.json)\n"
     "  --prompt TEXT        prompt text (special tokens such as <|im_start|> are recognised)\n"
@@ -385,7 +445,19 @@ static const char RUN_HELP[] =
     "  --teacher-force SEED benchmarking: feed seeded random tokens instead of the sampled\n"
     "                       ones, so routing cannot settle into a loop\n"
     "  --io-bw GB/S         measured device bandwidth: --stats then reports the I/O bound\n"
-    "                       (bandwidth / bytes missed per token) and the fraction reached\n";
+    "                       (bandwidth / bytes missed per token) and the fraction reached\n"
+    "  --random-prompt N    benchmarking: a seeded random prompt of N tokens instead of\n"
+    "                       --prompt (--prompt-seed S, default 1)\n"
+    "  --replay-routing TRACE  benchmarking and tests only: MoE layers use the expert ids of\n"
+    "                       the trace's next token (# moe-routing-trace v1; one trace token\n"
+    "                       per evaluated row, wrapping around at the end) instead of the\n"
+    "                       router's top-k. The router still runs; the weights are its own\n"
+    "                       probabilities of those ids (renormalised like the model's top-k).\n"
+    "                       Trace MoE layers/experts/top-k must match the model. The output\n"
+    "                       is not the model's: --stats and --events mark it\n";
+
+/* `deltafin bench`: run with no text output and one JSON summary on stdout. */
+static bool g_bench;
 
 static int cmd_run(int argc, char **argv) {
     opts o;
@@ -393,9 +465,16 @@ static int cmd_run(int argc, char **argv) {
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
           " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk"
-          " --prefetch --prefetch-depth --prefetch-min-recall ");
+          " --prefetch --prefetch-depth --prefetch-min-recall --replay-routing --random-prompt --prompt-seed ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
-    if (!o.prompt == !o.prompt_tokens) die("give exactly one of --prompt or --prompt-tokens");
+    if (g_bench) {
+        if (!o.random_prompt && !o.prompt && !o.prompt_tokens) o.random_prompt = 512;
+        if (!o.teacher_seed) o.teacher_seed = 7;
+        if (!o.max_new_set) o.max_new = 513; /* the first token comes from the prompt */
+        o.print_ids = true;
+    }
+    if ((o.prompt != NULL) + (o.prompt_tokens != NULL) + (o.random_prompt > 0) != 1)
+        die("give exactly one of --prompt, --prompt-tokens or --random-prompt");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
@@ -407,6 +486,14 @@ static int cmd_run(int argc, char **argv) {
         int k;
         ids = parse_ids("--prompt-tokens", o.prompt_tokens, &k);
         n = (size_t)k;
+    } else if (o.random_prompt) {
+        n = (size_t)o.random_prompt;
+        ids = malloc(sizeof(int32_t) * n);
+        uint64_t r = (uint64_t)(o.prompt_seed ? o.prompt_seed : 1) * 0x9E3779B97F4A7C15ull;
+        for (size_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((r >> 33) % (uint64_t)info->vocab_size);
+        }
     } else {
         char *text = NULL;
         if (o.chat) {
@@ -453,6 +540,7 @@ static int cmd_run(int argc, char **argv) {
     df_engine_stats(e, &prev);
     report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
     df_stats after_prefill = prev;
+    uint64_t io0 = storage_read_bytes();
     int n_decoded = 0;
     df_text_stream ts = {0};
     char buf[4096];
@@ -464,7 +552,9 @@ static int cmd_run(int argc, char **argv) {
             t = (int32_t)((tf >> 33) % (uint64_t)V);
         }
         hist[nh++] = t;
-        if (o.print_ids) {
+        if (g_bench) {
+            /* no tokens: one JSON line at the end */
+        } else if (o.print_ids) {
             printf("%s%d", step ? " " : "", t);
         } else if (!df_is_stop_token(e, t)) {
             size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
@@ -485,16 +575,23 @@ static int cmd_run(int argc, char **argv) {
         prev = now;
     }
     double t2 = now_s();
+    uint64_t io_dec = storage_read_bytes() - io0;
     if (!o.print_ids) {
         size_t w = df_text_stream_flush(&ts, buf, sizeof buf);
         fwrite(buf, 1, w, stdout);
     }
-    printf("\n");
+    if (!g_bench) printf("\n");
     fflush(stdout);
     if (o.stats || ev) {
         report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
-        summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw);
+        summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
+                o.ram_budget, io_dec);
         prefetch_report(ev, o.stats, e, &prev);
+    }
+    if (g_bench) {
+        summary(stdout, false, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
+                o.ram_budget, io_dec);
+        fflush(stdout);
     }
     if (ev) fclose(ev);
     free(hist);
@@ -560,13 +657,14 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk --prefetch --prefetch-depth --prefetch-min-recall ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk --prefetch --prefetch-depth --prefetch-min-recall --replay-routing ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"
              "row to FILE as little-endian float32 [T][vocab]. --batch N feeds the tokens N\n"
              "at a time (the results must not depend on it). --experts DIRS and --ram-budget\n"
-             "SIZE stream the routed experts as in `deltafin run`.");
+             "SIZE stream the routed experts as in `deltafin run`; --replay-routing TRACE\n"
+             "replays a routing trace as there (tests).");
         return 0;
     }
     if (!o.tokens || !o.out) die("--tokens and --out are required");
@@ -609,6 +707,8 @@ static const char MAIN_HELP[] =
     "  logits     write the logits of a token sequence to a file\n"
     "  pack       rewrite a checkpoint's routed experts into an expert pack (--verify to check)\n"
     "  cache-sim  replay a routing trace through the expert cache policies\n"
+    "  bench      one benchmark arm: run's options, a seeded 512-token prompt by default,\n"
+    "             teacher-forced decode, one JSON summary line on stdout (make bench)\n"
     "  serve      OpenAI-compatible HTTP server (docs/server.md)\n";
 
 int main(int argc, char **argv) {
@@ -618,6 +718,10 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) {
+        g_bench = true;
+        return cmd_run(argc - 2, argv + 2);
+    }
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);

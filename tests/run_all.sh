@@ -59,9 +59,12 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
 }
 
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
+run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
 run_counted budget bash tests/test_budget.sh "$B/deltafin"
 run_counted server bash tests/test_server.sh "$B/deltafin-san"
+run_counted replay bash tests/test_replay.sh "$B/deltafin-san"
+run_counted bench-report bash tests/test_bench_report.sh
 
 for fz in "$B"/fuzz/fuzz_*; do
     [ -x "$fz" ] || continue

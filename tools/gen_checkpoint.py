@@ -20,6 +20,7 @@ tokens. The point is a non-degenerate model: distinct argmaxes, varied routing.
 """
 
 import argparse
+import re
 import json
 import math
 import os
@@ -100,8 +101,15 @@ def parse_args(argv):
     p.add_argument("--fast-init", action="store_true",
                    help="fill big tensors from a shared random pool at random offsets "
                         "(GB/s; for benchmark checkpoints, not for correctness tests)")
+    p.add_argument("--match-trace", metavar="TRACE",
+                   help="shape the MoE layers after a routing trace (# moe-routing-trace v1) so "
+                        "`deltafin run --replay-routing TRACE` accepts it: --experts, --top-k and "
+                        "--layers from its header; model layers before the trace's first MoE layer "
+                        "(\"model layers a..b\") become dense via mlp_only_layers")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    if a.match_trace:
+        match_trace(p, a)
     if a.head_dim == 0:
         if a.hidden % a.heads:
             p.error("--hidden not divisible by --heads; give --head-dim")
@@ -127,6 +135,33 @@ def parse_args(argv):
     if a.arch == "qwen3_moe" and a.experts > 0 and not (1 <= a.top_k <= a.experts):
         p.error("--top-k must be in [1, experts]")
     return a
+
+
+def match_trace(p, a):
+    """Reads a trace's header (the lines before its first token) into the MoE shape."""
+    hdr = {}
+    with open(a.match_trace, encoding="utf-8") as f:
+        if f.readline().strip() != "# moe-routing-trace v1":
+            p.error(f"{a.match_trace}: not a moe-routing-trace v1 file")
+        for line in f:
+            if not line.startswith("#"):
+                break
+            m = re.search(r"moe_layers:\s*(\d+)(?:\s*\(model layers (\d+)\.\.(\d+)\))?", line)
+            if m:
+                hdr["layers"] = int(m.group(1))
+                hdr["first"] = int(m.group(2)) if m.group(2) else 0
+            for key in ("experts_per_layer", "top_k"):
+                m = re.search(key + r":\s*(\d+)", line)
+                if m:
+                    hdr[key] = int(m.group(1))
+    for key in ("layers", "experts_per_layer", "top_k"):
+        if key not in hdr:
+            p.error(f"{a.match_trace}: header gives no {key if key != 'layers' else 'moe_layers'}")
+    a.arch = "qwen3_moe"
+    a.experts, a.top_k = hdr["experts_per_layer"], hdr["top_k"]
+    a.layers = hdr["first"] + hdr["layers"]
+    a.decoder_sparse_step = 1
+    a.mlp_only_layers = ",".join(str(i) for i in range(hdr["first"]))
 
 
 def layer_is_moe(cfg, i):

@@ -65,6 +65,12 @@ typedef struct df_fwd_buf df_fwd_buf;
 df_fwd_buf *df_fwd_buf_new(const df_model *m, int max_rows, int max_ctx);
 void df_fwd_buf_free(df_fwd_buf *b);
 int df_fwd_buf_rows(const df_fwd_buf *b);
+/* Routing replay (benchmarks and tests only): called for every row of every MoE
+ * layer after the router ran; writes the top_k expert ids (distinct, in
+ * [0, num_experts)) that row uses instead of the router's top-k. `layer` is the
+ * model layer index, `row` the row within the pass. NULL: the router's choice. */
+typedef void (*df_route_fn)(void *user, int layer, int row, int *ids);
+void df_fwd_buf_set_route(df_fwd_buf *b, df_route_fn fn, void *user);
 /* Bytes df_fwd_buf_new(m, rows, max_ctx) and a forward pass allocate. */
 size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx);
 

@@ -36,6 +36,8 @@ struct df_fwd_buf {
     float *pxb, *prouter; /* [R][H], [R][E]: a later layer's router, run early */
     int *psel;            /* [R][topk] */
     float *pselw;
+    df_route_fn route_fn; /* routing replay (benchmarks): replaces the top-k ids */
+    void *route_user;
 };
 
 /* The sizes the work buffers are made of. */
@@ -93,6 +95,11 @@ void df_fwd_buf_free(df_fwd_buf *b) {
 }
 
 int df_fwd_buf_rows(const df_fwd_buf *b) { return b->rows; }
+
+void df_fwd_buf_set_route(df_fwd_buf *b, df_route_fn fn, void *user) {
+    b->route_fn = fn;
+    b->route_user = user;
+}
 
 size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx) {
     dims d = buf_dims(m, rows);
@@ -290,8 +297,12 @@ static void mlp(df_pool *pool, df_fwd_buf *b, const df_weight *gate, const df_we
 }
 
 /* Softmax over all experts (float), top-k by probability (ties: lower id),
- * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block. */
-static void route(const df_config *c, const float *logits, int *sel, float *w) {
+ * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block.
+ * forced (routing replay): these ids instead of the top-k, each weighted by the
+ * router's own probability for it, renormalised the same way, so the weights
+ * stay the router's and only the choice is replaced. */
+static void route(const df_config *c, const float *logits, int *sel, float *w,
+                  const int *forced) {
     int E = c->num_experts, K = c->num_experts_per_tok;
     float mx = -INFINITY;
     for (int e = 0; e < E; e++)
@@ -303,6 +314,11 @@ static void route(const df_config *c, const float *logits, int *sel, float *w) {
     }
     for (int e = 0; e < E; e++) prob[e] /= sum;
     for (int k = 0; k < K; k++) {
+        if (forced) {
+            sel[k] = forced[k];
+            w[k] = prob[forced[k]];
+            continue;
+        }
         int best = -1;
         for (int e = 0; e < E; e++) {
             bool taken = false;
@@ -357,7 +373,7 @@ static void lookahead(const df_model *m, df_store *store, df_pool *pool, df_fwd_
         rmsnorm(b->pxb + (size_t)t * H, b->x + (size_t)t * H, L->ffn_norm, H, (float)c->rms_norm_eps);
     matmul(pool, b->prouter, b->pxb, &L->router, T);
     for (int t = 0; t < T; t++)
-        route(c, b->prouter + (size_t)t * E, b->psel + (size_t)t * K, b->pselw + (size_t)t * K);
+        route(c, b->prouter + (size_t)t * E, b->psel + (size_t)t * K, b->pselw + (size_t)t * K, NULL);
     df_store_predict(store, target, b->psel, T * K);
 }
 
@@ -367,8 +383,12 @@ static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b,
     const df_layer *L = &m->layers[li];
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     matmul(pool, b->router, b->xb, &L->router, T);
-    for (int t = 0; t < T; t++)
-        route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K);
+    for (int t = 0; t < T; t++) {
+        int forced[K];
+        if (b->route_fn) b->route_fn(b->route_user, li, t, forced);
+        route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K,
+              b->route_fn ? forced : NULL);
+    }
 
     /* The distinct experts the batch needs, each computed once for all its rows. */
     int need[E], n_need = 0;

@@ -117,6 +117,10 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         }
         if (!strcmp(a, "--insecure-bind")) { o->insecure_bind = true; continue; }
         if (strncmp(a, "--", 2) != 0) die("unexpected argument '%s' (see --help)", a);
+        /* Replayed routing makes output that is not the model's: never served. */
+        if (!strcmp(a, "--replay-routing"))
+            die("--replay-routing is for benchmarks and tests only: the server refuses it "
+                "(its output would not be the model's own)");
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
                                             "--ram-budget", "--expert-cache", "--policy", "--pin",

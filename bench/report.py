@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""report.py OUT MEMBW MODE - turns bench/suite.sh's arms.jsonl into results.json,
+results.md and gnuplot PNGs (tokens/s vs budget per arm; time per token split into
+read wait, compute and other) in OUT.
+
+Per (section, budget, arm): median, min and max over the repetitions. The I/O
+bound of an arm is the measured O_DIRECT bandwidth of its repetition divided by
+the expert bytes it missed per token; `fraction_of_bound` is tokens/s over it.
+Bytes per token are what the process made the kernel fetch from storage while
+decoding (/proc/self/io read_bytes), so the page-cache path (buffered reads, whose
+misses the engine cannot see) and the pack (O_DIRECT) are counted the same way.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+out, membw, mode = sys.argv[1], float(sys.argv[2] or 0), sys.argv[3]
+rows = [json.loads(l) for l in open(os.path.join(out, "arms.jsonl")) if l.strip()]
+iobw = {(r["section"], r["rep"]): r["gbs"] for r in rows if r.get("event") == "iobw"}
+sims = {(r["budget_pct"], r["arm"]): r for r in rows if r.get("event") == "cachesim"}
+runs = [r for r in rows if r.get("event") == "summary"]
+
+
+def per_token_bytes(r):
+    # what the process made the kernel fetch from storage while decoding
+    # (/proc/self/io): O_DIRECT pack reads and page-cache misses alike
+    return r["storage_bytes_read"] / max(1, r["decode_tokens"])
+
+
+def derive(r):
+    n = max(1, r["decode_tokens"])
+    bw = iobw.get((r["section"], r["rep"]), r.get("io_bw_gbs", 0))
+    bpt = per_token_bytes(r)
+    bound = bw * 1e9 / bpt if bpt > 0 else 0.0
+    hits, miss = r["expert_hits"], r["expert_misses"]
+    if r["arm"] == "pagecache":
+        # the engine keeps nothing: its every read goes to the page cache, whose
+        # hit rate is the share of those bytes that did not come from storage
+        asked = r["expert_bytes_read"]
+        hit_rate = max(0.0, 1 - r["storage_bytes_read"] / asked) if asked else None
+    else:
+        hit_rate = hits / (hits + miss) if hits + miss else None
+    wait = r["read_wait_s"] / n
+    compute = max(0.0, (r["eval_s"] - r["read_wait_s"]) / n)
+    other = max(0.0, r["decode_s"] / n - wait - compute)
+    return {
+        "tokens_per_s": r["tokens_per_s"],
+        "ttft_s": r["ttft_s"],
+        "bytes_per_token": bpt,
+        "hit_rate": hit_rate,
+        # achieved: storage bytes over the decode's wall time (the engine's own
+        # read_bandwidth_gbs counts page-cache hits as reads on that path)
+        "read_bandwidth_gbs": r["storage_bytes_read"] / r["decode_s"] / 1e9 if r["decode_s"] > 0 else 0.0,
+        "io_bw_gbs": bw,
+        "io_bound_tokens_per_s": bound,
+        "fraction_of_bound": r["tokens_per_s"] / bound if bound else None,
+        "peak_rss_mib": r["peak_rss_bytes"] / 2**20,
+        "budget_mib": r["budget_bytes"] / 2**20,
+        "read_wait_ms": wait * 1e3,
+        "compute_ms": compute * 1e3,
+        "other_ms": other * 1e3,
+        "prefetch_recall": r.get("prefetch_recall"),
+        "draft_acceptance": r.get("draft_acceptance"),
+    }
+
+
+groups = {}
+for r in runs:
+    groups.setdefault((r["section"], r["budget_pct"], r["arm"]), []).append(r)
+
+
+def stats(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+results = []
+for (sec, pct, arm), rs in sorted(groups.items()):
+    d = [derive(r) for r in rs]
+    entry = {"section": sec, "budget_pct": pct, "arm": arm, "reps": len(rs),
+             "model": rs[0]["model"], "routing": rs[0].get("routing"),
+             "prompt_tokens": rs[0]["prompt_tokens"], "decode_tokens": rs[0]["decode_tokens"]}
+    if arm == "pagecache":
+        # held: memhog locked everything but the budget (within 256 MiB)
+        entry["page_cache_held"] = all(r.get("memhog_locked", 0) > 0 and r.get("memhog_short", 1 << 62) < 256 << 20
+                                       for r in rs)
+    for k in d[0]:
+        entry[k] = stats([x[k] for x in d])
+    if (pct, arm) in sims and sec == "replay":
+        entry["cachesim_hit_rate"] = sims[(pct, arm)]["hit_rate"]
+        entry["cachesim_bytes_per_token"] = sims[(pct, arm)]["bytes_per_token"]
+    results.append(entry)
+
+machine = {}
+log = os.path.join(out, "suite.log")
+for line in open(log):
+    if line.startswith("cpu:") or line.startswith("memory read bandwidth") or line.startswith("settings:"):
+        k, v = line.split(":", 1)
+        machine[k] = v.strip()
+machine["membw_gbs"] = membw
+json.dump({"mode": mode, "machine": machine, "results": results, "raw": rows},
+          open(os.path.join(out, "results.json"), "w"), indent=1)
+
+
+def m(e, k, fmt="{:.3f}", scale=1.0):
+    s = e.get(k)
+    if not s:
+        return "-"
+    return (fmt.format(s["median"] * scale) + " (" + fmt.format(s["min"] * scale) + "-" +
+            fmt.format(s["max"] * scale) + ")") if s["n"] > 1 else fmt.format(s["median"] * scale)
+
+
+md = [f"# deltafin benchmark ({mode})", ""]
+md += [f"- {k}: {v}" for k, v in machine.items()]
+md += ["", "Median (min-max) over repetitions. Budget: expert cache as % of the expert bytes",
+       "(page-cache arms: the page cache is held to it only when memhog ran, HOLD=1).",
+       "Hit rate of page-cache arms: the share of the engine's expert reads not served from storage.",
+       "MB/token: bytes the engine made the kernel read from storage per decoded token (/proc/self/io).",
+       ""]
+for sec in ("sweep", "replay", "demo"):
+    es = [e for e in results if e["section"] == sec]
+    if not es:
+        continue
+    md += [f"## {sec}" + (" (routing replayed from a real trace)" if sec == "replay" else ""), ""]
+    hdr = ("| budget | arm | tok/s | TTFT s | MB/token | hit rate | GB/s read | frac. of I/O bound "
+           "| peak RSS MiB | budget MiB | wait/compute/other ms |")
+    if sec == "replay":
+        hdr += " cache-sim MB/token |"
+    md += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
+    for e in es:
+        split = "/".join(f"{e[k]['median']:.1f}" if e[k] else "-" for k in ("read_wait_ms", "compute_ms", "other_ms"))
+        label = e["arm"] + ({True: " (held)", False: " (not held)"}[e["page_cache_held"]]
+                            if "page_cache_held" in e else "")
+        line = (f"| {e['budget_pct']}% | {label} | {m(e, 'tokens_per_s')} | {m(e, 'ttft_s', '{:.2f}')} | "
+                f"{m(e, 'bytes_per_token', '{:.2f}', 1e-6)} | {m(e, 'hit_rate', '{:.3f}')} | "
+                f"{m(e, 'read_bandwidth_gbs', '{:.3f}')} | {m(e, 'fraction_of_bound', '{:.2f}')} | "
+                f"{m(e, 'peak_rss_mib', '{:.0f}')} | {m(e, 'budget_mib', '{:.0f}')} | {split} |")
+        if sec == "replay":
+            c = e.get("cachesim_bytes_per_token")
+            line += f" {c / 1e6:.2f} |" if c is not None else " - |"
+        md.append(line)
+    md.append("")
+open(os.path.join(out, "results.md"), "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+
+# ---- plots -------------------------------------------------------------------------
+if not shutil.which("gnuplot"):
+    print("gnuplot not installed (scripts/setup.sh installs gnuplot-nox): no PNGs")
+    sys.exit(0)
+for sec in ("sweep", "replay", "demo"):
+    es = [e for e in results if e["section"] == sec]
+    if not es:
+        continue
+    arms = sorted({e["arm"] for e in es})
+    dat = os.path.join(out, f"{sec}-tps.dat")
+    with open(dat, "w") as f:
+        for a in arms:
+            f.write(f'"{a}"\n')
+            for e in sorted((e for e in es if e["arm"] == a), key=lambda e: e["budget_pct"]):
+                s = e["tokens_per_s"]
+                f.write(f"{e['budget_pct']} {s['median']} {s['min']} {s['max']}\n")
+            f.write("\n\n")
+    split = os.path.join(out, f"{sec}-split.dat")
+    with open(split, "w") as f:
+        for e in es:
+            f.write(f'"{e["arm"]}\\n{e["budget_pct"]}%" {e["read_wait_ms"]["median"]:.3f} '
+                    f'{e["compute_ms"]["median"]:.3f} {e["other_ms"]["median"]:.3f}\n')
+    gp = f"""
+set terminal pngcairo size 900,540 noenhanced
+set output '{out}/{sec}-tps-vs-budget.png'
+set title 'deltafin {sec}: decode tokens/s vs expert cache budget (median, min-max)'
+set xlabel 'expert cache budget (% of expert bytes)'
+set ylabel 'tokens/s'
+set key top left
+set grid
+plot for [i=0:{len(arms) - 1}] '{dat}' index i using 1:2:3:4 with yerrorlines title columnheader(1)
+set output '{out}/{sec}-time-split.png'
+set title 'deltafin {sec}: time per decoded token'
+set ylabel 'ms per token'
+unset xlabel
+set key outside right top
+set style data histograms
+set style histogram rowstacked
+set style fill solid 0.8 border -1
+set boxwidth 0.7
+set xtics rotate by -45 scale 0
+plot '{split}' using 2:xtic(1) title 'read wait', '' using 3 title 'compute', '' using 4 title 'other'
+"""
+    r = subprocess.run(["gnuplot"], input=gp, text=True, capture_output=True)
+    if r.returncode:
+        print("gnuplot failed:", r.stderr.strip()[-500:])
+    else:
+        print(f"plots: {out}/{sec}-tps-vs-budget.png, {out}/{sec}-time-split.png")

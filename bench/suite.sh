@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# bench/suite.sh [--quick] [--warm] - `make bench`: the headline numbers from one
+# command. Every arm is one `deltafin bench` (run's options, a seeded random
+# prompt, teacher-forced decode, one JSON summary); this script prepares the
+# models, runs the arms interleaved (rep 1: A B C ..., rep 2: A B C ...) from a
+# cold page cache, and bench/report.py turns the JSON lines into
+# results.json, results.md and gnuplot PNGs under bench/results/<date>[-quick]/.
+#
+# Sections:
+#  sweep   synthetic Qwen3-MoE (random routers) at 5/10/25/50/100% of the expert
+#          bytes as expert cache: pack + deltafin policy, pack + LRU, page-cache
+#          path (safetensors, buffered reads, page cache held to the same budget
+#          by build/memhog), plus prefetch/drafter arms when `deltafin run --help`
+#          has those options.
+#  replay  real routing (issue 9): a synthetic model shaped like the routing
+#          trace (26 MoE layers, 64 experts, top-6), routing replayed from the
+#          trace, 10% and 25%: deltafin vs LRU vs page cache, next to what
+#          `deltafin cache-sim` predicts for the same trace tokens and cache size.
+#
+# Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
+# COLD (1: drop caches before every arm), HOLD (1: hold the page cache to the
+# budget with memhog in page-cache arms; it locks most of the machine's memory,
+# so it is off in --quick, which is meant for a shared machine; HOLD_MAX caps
+# what it locks, for trying the mechanism out), RESULTS_DIR, SECTIONS
+# ("sweep replay demo"), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
+# DRAFT_ARMS ("name=flags;name=flags"). Models go to $B/bench-models/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${B:-build}
+ENG=$B/deltafin
+QUICK=0
+for a in "$@"; do
+    case $a in
+    --quick) QUICK=1 ;;
+    --warm) COLD=0 ;;
+    *) echo "usage: bench/suite.sh [--quick] [--warm]" >&2; exit 2 ;;
+    esac
+done
+q() { [ "$QUICK" = 1 ] && echo "$1" || echo "$2"; } # quick-value full-value
+REPS=${REPS:-$(q 1 2)}
+PROMPT_LEN=${PROMPT_LEN:-$(q 64 512)}
+NEW=${NEW:-$(q 16 512)}
+FRACS=${FRACS:-$(q "10 25" "5 10 25 50 100")}
+REPLAY_FRACS=${REPLAY_FRACS:-"10 25"}
+REPLAY_PROMPT=${REPLAY_PROMPT:-16}
+REPLAY_NEW=${REPLAY_NEW:-$(q 48 256)}
+THREADS=${THREADS:-$(nproc)}
+COLD=${COLD:-1}
+HOLD=${HOLD:-$(q 0 1)}
+SECTIONS=${SECTIONS:-"sweep replay demo"}
+# ../shared beside the checkout (a worktree's is one level further up)
+TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
+# Model shapes, the same in both modes (the models are made once): sweep experts
+# 0.75 GiB (4 layers x 64 experts x 3 MiB, top-4), replay experts 1.2 GiB (the
+# trace's 26 x 64, top-6, of 0.75 MiB each). Sized so that the default run,
+# whose cost is bytes missed per token x 512 tokens x arms over the disk's
+# bandwidth, stays near 30 minutes on a 2-core VM with a ~1 GB/s disk; raise them
+# on a bigger machine for a bigger disk-to-RAM ratio, e.g. SYN_HIDDEN=2048
+# SYN_MOE_I=768 SYN_LAYERS=8 SYN_EXPERTS=128 SYN_TOPK=8 (9 GiB, the bench/run.sh
+# model) or RR_HIDDEN=2048 RR_MOE_I=1408 (DeepSeek-V2-Lite's experts, 27 GiB).
+SYN_HIDDEN=${SYN_HIDDEN:-1024}
+SYN_LAYERS=${SYN_LAYERS:-4}
+SYN_EXPERTS=${SYN_EXPERTS:-64}
+SYN_TOPK=${SYN_TOPK:-4}
+SYN_MOE_I=${SYN_MOE_I:-512}
+RR_HIDDEN=${RR_HIDDEN:-512}
+RR_MOE_I=${RR_MOE_I:-256}
+
+DATE=$(date +%Y-%m-%d)
+OUT=${RESULTS_DIR:-bench/results/$DATE$([ "$QUICK" = 1 ] && echo -quick || true)}
+mkdir -p "$OUT"
+ARMS=$OUT/arms.jsonl
+: >"$ARMS"
+LOG=$OUT/suite.log
+: >"$LOG"
+say() { echo "$*" | tee -a "$LOG"; }
+T0=$(date +%s)
+TMP=$(mktemp -d)
+HOG="" # a running memhog: never left behind holding the machine's memory
+trap '[ -z "$HOG" ] || kill "$HOG" 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'exit 130' INT TERM
+
+# ---- machine facts --------------------------------------------------------------
+DEV=$(findmnt -no SOURCE --target "$B" 2>/dev/null | sed 's|^/dev/||; s|\[.*||')
+say "# deltafin benchmark suite ($([ "$QUICK" = 1 ] && echo quick || echo full)), $(date -u +%FT%TZ)"
+say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; memory $(free -g | awk '/Mem:/{print $2}') GiB; disk $DEV"
+MEMBW=$("$B/bench_kernels" --mem-mib 1024 2>/dev/null | awk '/^membw_gbs/{print $2}' | tail -1 || true)
+say "memory read bandwidth: ${MEMBW:-?} GB/s (bench_kernels)"
+say "settings: REPS=$REPS PROMPT_LEN=$PROMPT_LEN NEW=$NEW FRACS='$FRACS' REPLAY_FRACS='$REPLAY_FRACS' THREADS=$THREADS COLD=$COLD HOLD=$HOLD"
+
+drop() { [ "$COLD" = 1 ] || return 0; sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || say "(cannot drop caches: not root)"; }
+has_run_flag() { "$ENG" run --help | grep -q -- "$1"; }
+
+# model_bytes MODEL -> "experts dense"
+model_bytes() {
+    "$ENG" inspect --model "$1" | sed -n 's/.*always-active .*(\([0-9]*\)), routed experts .*(\([0-9]*\)).*/\2 \1/p'
+}
+
+# prepare OUT_DIR GEN_ARGS... : generates a checkpoint when missing, after checking
+# that the disk has room for it (plus its pack) with 2 GiB to spare.
+prepare() {
+    local dir=$1; shift
+    [ -f "$dir/config.json" ] && return 0
+    local need
+    need=$(/usr/bin/python3 - "$@" <<'PYEOF'
+import sys
+a = sys.argv[1:]; g = lambda k, d: int(a[a.index(k) + 1]) if k in a else d
+h, L, E, I, V = g("--hidden", 0), g("--layers", 0), g("--experts", 0), g("--moe-intermediate", 0), g("--vocab", 151936)
+if "--match-trace" in a: L, E = 27, 64
+print(2 * (L * E * 3 * h * I * 2) + V * h * 2 + L * h * h * 8)
+PYEOF
+)
+    local avail
+    mkdir -p "$(dirname "$dir")"
+    avail=$(df --output=avail -B1 "$(dirname "$dir")" | tail -1)
+    if [ "$avail" -lt $((need + (2 << 30))) ]; then
+        say "SKIP $dir: needs about $((need >> 20)) MiB (checkpoint + pack) + 2 GiB, disk has $((avail >> 20)) MiB free"
+        return 1
+    fi
+    say "generating $dir (about $((need / 2 >> 20)) MiB)"
+    mkdir -p "$(dirname "$dir")"
+    nice /usr/bin/python3 tools/gen_checkpoint.py --out "$dir" --arch qwen3_moe --seed 5 --dtype bf16 \
+        --vocab 151936 --heads 16 --kv-heads 4 --head-dim 128 --norm-topk-prob 1 --tie-embeddings 1 \
+        --max-pos 4096 --max-shard-size 4000000000 --fast-init "$@" >>"$LOG"
+}
+pack() { # MODEL -> MODEL-pack
+    [ -f "$1-pack/manifest.json" ] || { say "packing $1"; "$ENG" pack --model "$1" --out "$1-pack" >>"$LOG"; }
+}
+
+# run_arm SECTION ARM MODEL FRAC EXPERT_BYTES DENSE_BYTES IOBW REP PROMPT NEW FLAGS...
+run_arm() {
+    local sec=$1 arm=$2 m=$3 frac=$4 eb=$5 db=$6 iobw=$7 rep=$8 plen=$9 new=${10}; shift 10
+    local cache=$((eb * frac / 100)) locked=0 short=0 err=$TMP/arm.err
+    local flags=("$@")
+    if [ "$arm" = resident ] || [[ "$arm" == resident-* ]]; then
+        : # everything in RAM, mapped: no cache to size
+    elif [ "$arm" = pagecache ]; then
+        # the store keeps nothing (one slot); the page cache is the expert cache
+        local slot=$((eb / $(model_shape "$m" | awk '{print $1 * $2}')))
+        flags+=(--expert-cache "$slot")
+    else
+        flags+=(--expert-cache "$cache")
+    fi
+    drop
+    if [ "$arm" = pagecache ] && [ "$HOLD" = 1 ]; then
+        # page cache allowed: the budget + the always-active weights (mapped from
+        # the same files) + 384 MiB for the engine's own memory
+        rm -f "$TMP/memhog.ready"
+        "$B/memhog" --leave $((cache + db + (384 << 20))) ${HOLD_MAX:+--max "$HOLD_MAX"} \
+            --ready "$TMP/memhog.ready" >/dev/null &
+        HOG=$!
+        for _ in $(seq 1200); do
+            [ -f "$TMP/memhog.ready" ] && break
+            kill -0 "$HOG" 2>/dev/null || { say "note: memhog failed: page cache not held"; HOG=""; break; }
+            sleep 0.1
+        done
+        read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
+        [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding the page cache to the budget"
+    fi
+    local json
+    if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
+        --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
+        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$locked" "$cache" "$m" "$short" >>"$ARMS" <<'PYEOF'
+import json, sys
+d = json.loads(sys.argv[1])
+d.update(section=sys.argv[2], arm=sys.argv[3], budget_pct=int(sys.argv[4]), rep=int(sys.argv[5]),
+         memhog_locked=int(sys.argv[6]), budget_bytes=int(sys.argv[7]), model=sys.argv[8],
+         memhog_short=int(sys.argv[9]))
+print(json.dumps(d))
+PYEOF
+        say "$sec $arm ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); n=max(1,d['decode_tokens']); print('%.3f tok/s, ttft %.2f s, %.2f MB/token read from storage, hits %d misses %d, peak RSS %.0f MiB' % (d['tokens_per_s'], d['ttft_s'], d['storage_bytes_read']/n/1e6, d['expert_hits'], d['expert_misses'], d['peak_rss_bytes']/2**20))")"
+    else
+        say "$sec $arm ${frac}% rep $rep FAILED: $(tail -1 "$err")"
+    fi
+    if [ -n "$HOG" ]; then kill "$HOG"; wait "$HOG" 2>/dev/null || true; HOG=""; fi
+}
+model_shape() { /usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(sum(1 for i in range(c["num_hidden_layers"]) if i not in c.get("mlp_only_layers",[])), c["num_experts"], c["num_experts_per_tok"])' "$1"; }
+
+# measure_iobw PACK -> GB/s of O_DIRECT reads of one record at depth 8
+measure_iobw() {
+    local m=$1 shape rec
+    shape=$(model_shape "$m")
+    rec=$(($(model_bytes "$m" | awk '{print $1}') / $(echo "$shape" | awk '{print $1 * $2}')))
+    rec=$(((rec + 4095) / 4096 * 4096))
+    drop
+    "$B/bench_io" -s "$rec" -d 8 -t "$(q 2 4)" "$m-pack/experts.bin" | awk '{print $2}'
+}
+
+arms_for_sweep() { # name|flags, one a line
+    # prefetch is on by default: the baseline arms turn it off, and it gets its own arm
+    echo "deltafin|--experts PACK --policy deltafin --prefetch off"
+    echo "lru|--experts PACK --policy lru --prefetch off"
+    echo "pagecache|--prefetch off"
+    if has_run_flag --prefetch; then
+        echo "deltafin-prefetch|--experts PACK --policy deltafin ${PREFETCH_FLAGS:---prefetch on}"
+    else
+        say "note: no --prefetch in 'deltafin run --help': prefetch arms skipped" >&2
+    fi
+    if has_run_flag --draft; then
+        local spec
+        IFS=';' read -ra spec <<<"${DRAFT_ARMS:-draft-lookup=--draft lookup;draft-model=--draft models/demo-draft}"
+        for s in "${spec[@]}"; do
+            case $s in *models/demo-draft*) [ -f models/demo-draft/config.json ] || {
+                say "note: models/demo-draft absent: arm ${s%%=*} skipped" >&2; continue; } ;; esac
+            echo "${s%%=*}|--experts PACK --policy deltafin ${s#*=}"
+        done
+    else
+        say "note: no --draft in 'deltafin run --help': drafter arms skipped" >&2
+    fi
+}
+
+# ---- sweep ----------------------------------------------------------------------
+if [[ " $SECTIONS " == *" sweep "* ]]; then
+    M=$B/bench-models/moe-h$SYN_HIDDEN-l$SYN_LAYERS-e$SYN_EXPERTS-k$SYN_TOPK-i$SYN_MOE_I
+    if prepare "$M" --hidden "$SYN_HIDDEN" --intermediate $((SYN_HIDDEN * 3)) --layers "$SYN_LAYERS" \
+        --experts "$SYN_EXPERTS" --top-k "$SYN_TOPK" --moe-intermediate "$SYN_MOE_I"; then
+        pack "$M"
+        read -r EB DB < <(model_bytes "$M")
+        say ""
+        say "## sweep: $M, experts $((EB >> 20)) MiB, always-active $((DB >> 20)) MiB; prompt $PROMPT_LEN, decode $NEW"
+        mapfile -t SWEEP < <(arms_for_sweep)
+        for rep in $(seq "$REPS"); do
+            IOBW=$(measure_iobw "$M"); say "rep $rep: O_DIRECT read bandwidth $IOBW GB/s"
+            echo "{\"section\":\"sweep\",\"event\":\"iobw\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
+            for frac in $FRACS; do
+                for a in "${SWEEP[@]}"; do
+                    name=${a%%|*}; fl=${a#*|}; fl=${fl//PACK/$M-pack}
+                    # shellcheck disable=SC2086
+                    run_arm sweep "$name" "$M" "$frac" "$EB" "$DB" "$IOBW" "$rep" "$PROMPT_LEN" "$NEW" $fl
+                done
+            done
+        done
+    fi
+fi
+
+# ---- replay (real routing) ------------------------------------------------------
+if [[ " $SECTIONS " == *" replay "* ]]; then
+    if [ -z "$TRACE" ] || [ ! -f "$TRACE" ]; then
+        say "SKIP replay section: no trace at $TRACE (set TRACE=)"
+    else
+        RM=$B/bench-models/replay-$(basename "$TRACE" .trace)-h$RR_HIDDEN-i$RR_MOE_I
+        if prepare "$RM" --match-trace "$TRACE" --hidden "$RR_HIDDEN" --intermediate $((RR_HIDDEN * 3)) \
+            --moe-intermediate "$RR_MOE_I"; then
+            pack "$RM"
+            read -r EB DB < <(model_bytes "$RM")
+            read -r NL NE NK < <(model_shape "$RM")
+            say ""
+            say "## replay: $RM routed by $TRACE; experts $((EB >> 20)) MiB, always-active $((DB >> 20)) MiB; prompt $REPLAY_PROMPT, decode $REPLAY_NEW"
+            # the trace tokens the runs use (prompt rows, then decoded rows), for cache-sim
+            SUB=$TMP/replay-used.trace
+            /usr/bin/python3 - "$TRACE" $((REPLAY_PROMPT + REPLAY_NEW)) "$SUB" <<'PYEOF'
+import sys
+src, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+head, toks = [], []
+for line in open(src):
+    if line.startswith("#"):
+        if not toks: head.append(line)
+    elif line.strip():
+        toks.append(line)
+toks = (toks * (n // len(toks) + 1))[:n]   # the engine wraps around too
+open(dst, "w").writelines(head + toks)
+PYEOF
+            for frac in $REPLAY_FRACS; do
+                slots=$((EB * frac / 100 / (EB / (NL * NE))))
+                tr=$((slots / 8 < NK ? slots / 8 : NK)) # the store's transient slots
+                "$ENG" cache-sim --trace "$SUB" --slots $((slots - tr)) --policy deltafin,lru \
+                    --warmup "$REPLAY_PROMPT" >"$OUT/cachesim-$frac.txt" 2>&1 || true
+                /usr/bin/python3 - "$OUT/cachesim-$frac.txt" "$frac" "$((EB / (NL * NE)))" "$NL" "$NK" >>"$ARMS" <<'PYEOF'
+import json, re, sys
+txt, frac, eb, nl, nk = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+for pol in ("deltafin", "lru"):
+    m = re.search(r"^\s*%s\b.*?hit rate\s*([0-9.]+)" % pol, txt, re.M) or re.search(r"^\s*%s\b\D*([0-9.]+)" % pol, txt, re.M)
+    if m:
+        hr = float(m.group(1)); hr = hr / 100 if hr > 1 else hr
+        print(json.dumps({"section": "replay", "event": "cachesim", "arm": pol, "budget_pct": frac,
+                          "hit_rate": hr, "bytes_per_token": (1 - hr) * nl * nk * eb}))
+PYEOF
+                say "cache-sim at ${frac}%: $(tr '\n' ' ' <"$OUT/cachesim-$frac.txt")"
+            done
+            for rep in $(seq "$REPS"); do
+                IOBW=$(measure_iobw "$RM"); say "rep $rep: O_DIRECT read bandwidth $IOBW GB/s"
+                echo "{\"section\":\"replay\",\"event\":\"iobw\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
+                for frac in $REPLAY_FRACS; do
+                    for arm in deltafin lru pagecache deltafin-prefetch; do
+                        # --chunk 1: the cache sees the trace's tokens one by one, as cache-sim does;
+                        # prefetch off except in its own arm (it changes the transient slots)
+                        fl=(--replay-routing "$TRACE" --chunk 1 --prefetch off)
+                        case $arm in
+                        deltafin | lru) fl+=(--experts "$RM-pack" --policy "$arm") ;;
+                        deltafin-prefetch) fl=(--replay-routing "$TRACE" --chunk 1 --experts "$RM-pack" --policy deltafin --prefetch on) ;;
+                        esac
+                        run_arm replay "$arm" "$RM" "$frac" "$EB" "$DB" "$IOBW" "$rep" "$REPLAY_PROMPT" "$REPLAY_NEW" "${fl[@]}"
+                    done
+                done
+            done
+        fi
+    fi
+fi
+
+# ---- demo (the trained demo models, when present) -----------------------------------
+if [[ " $SECTIONS " == *" demo "* ]]; then
+    DM=${DEMO_MODEL:-models/demo-moe}
+    if [ ! -f "$DM/config.json" ]; then
+        say ""
+        say "note: $DM absent (the trained demo model is another issue's): demo section skipped"
+    else
+        read -r EB DB < <(model_bytes "$DM")
+        say ""
+        say "## demo: $DM in RAM; prompt $PROMPT_LEN, decode $NEW"
+        DEMO=("resident|")
+        if has_run_flag --draft; then
+            IFS=';' read -ra spec <<<"${DRAFT_ARMS:-draft-lookup=--draft lookup;draft-model=--draft models/demo-draft}"
+            for sp in "${spec[@]}"; do
+                case $sp in *models/demo-draft*) [ -f models/demo-draft/config.json ] || {
+                    say "note: models/demo-draft absent: arm ${sp%%=*} skipped"; continue; } ;; esac
+                DEMO+=("resident-${sp%%=*}|${sp#*=}")
+            done
+        else
+            say "note: no --draft in 'deltafin run --help': drafter arms skipped"
+        fi
+        for rep in $(seq "$REPS"); do
+            for a in "${DEMO[@]}"; do
+                # shellcheck disable=SC2086
+                run_arm demo "${a%%|*}" "$DM" 100 "$EB" "$DB" 0 "$rep" "$PROMPT_LEN" "$NEW" ${a#*|}
+            done
+        done
+    fi
+fi
+
+/usr/bin/python3 bench/report.py "$OUT" "${MEMBW:-0}" "$([ "$QUICK" = 1 ] && echo quick || echo full)" | tee -a "$LOG"
+say "suite took $(($(date +%s) - T0)) s; results in $OUT"

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# test_bench_report.sh - bench/report.py, the arithmetic behind the benchmark
+# tables, on hand-made arm records: medians/min/max over repetitions, bytes per
+# token from the storage counter, the I/O bound from the repetition's measured
+# bandwidth, the time split, the page-cache hit rate and "held" marking, the
+# cache-sim column; and that results.json, results.md appear. Untimed (no
+# benchmark runs here). Ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "PASS $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+
+cat >"$T/suite.log" <<'EOF'
+cpu: Test CPU, 2 cores; memory 8 GiB; disk vda
+memory read bandwidth: 10 GB/s (bench_kernels)
+settings: REPS=3
+EOF
+/usr/bin/python3 - "$T/arms.jsonl" <<'PYEOF'
+import json, sys
+rows = []
+for rep, gbs in ((1, 1.0), (2, 2.0), (3, 1.0)):
+    rows.append({"section": "replay", "event": "iobw", "rep": rep, "gbs": gbs})
+def arm(arm, rep, tps, storage, **kw):
+    d = {"event": "summary", "section": "replay", "arm": arm, "budget_pct": 10, "rep": rep,
+         "prompt_tokens": 16, "decode_tokens": 10, "decode_s": 10 / tps, "tokens_per_s": tps,
+         "ttft_s": 1.0, "expert_hits": 30, "expert_misses": 70, "expert_bytes_read": 7000,
+         "storage_bytes_read": storage, "read_bandwidth_gbs": 0.5, "read_wait_s": 0.5,
+         "eval_s": 0.8 * 10 / tps, "peak_rss_bytes": 100 << 20, "budget_bytes": 50 << 20,
+         "bytes_missed_per_token": 700, "routing": "replay", "model": "m", "memhog_locked": 0}
+    d.update(kw)
+    return d
+rows += [arm("lru", 1, 2.0, 10_000_000), arm("lru", 2, 4.0, 10_000_000), arm("lru", 3, 3.0, 20_000_000)]
+rows += [arm("pagecache", r, 1.0, 3500, memhog_locked=1 << 30, memhog_short=0) for r in (1, 2, 3)]
+rows.append({"section": "replay", "event": "cachesim", "arm": "lru", "budget_pct": 10,
+             "hit_rate": 0.25, "bytes_per_token": 1_500_000.0})
+open(sys.argv[1], "w").write("\n".join(json.dumps(r) for r in rows) + "\n")
+PYEOF
+
+if /usr/bin/python3 bench/report.py "$T" 10 test >"$T/out" 2>&1; then ok report-runs; else bad report-runs "$(tail -5 "$T/out")"; fi
+[ -s "$T/results.md" ] && grep -q "^| 10% | lru |" "$T/results.md" && ok results-md || bad results-md "$(cat "$T/results.md" 2>/dev/null | head -20)"
+
+/usr/bin/python3 - "$T/results.json" <<'PYEOF' && ok arithmetic || bad arithmetic "see above"
+import json, sys
+r = json.load(open(sys.argv[1]))
+e = {x["arm"]: x for x in r["results"]}
+lru, pc = e["lru"], e["pagecache"]
+def close(a, b, what):
+    if abs(a - b) > 1e-9 * max(1, abs(b)):
+        print(f"{what}: {a} != {b}"); sys.exit(1)
+close(lru["tokens_per_s"]["median"], 3.0, "median tok/s")
+close(lru["tokens_per_s"]["min"], 2.0, "min tok/s")
+close(lru["tokens_per_s"]["max"], 4.0, "max tok/s")
+assert lru["tokens_per_s"]["n"] == 3
+# bytes/token from storage_bytes_read / decode_tokens: 1e6, 1e6, 2e6 -> median 1e6
+close(lru["bytes_per_token"]["median"], 1e6, "bytes/token")
+# bound = rep bandwidth / bytes per token: rep1 1e3, rep2 2e3, rep3 500 tok/s;
+# fraction = tps / bound: 2e-3, 2e-3, 6e-3 -> median 2e-3
+close(lru["fraction_of_bound"]["median"], 2e-3, "fraction of bound")
+# achieved bandwidth = storage bytes / decode_s: 2e6/s, 4e6/s, 6e6/s
+close(lru["read_bandwidth_gbs"]["median"], 4e-3, "achieved GB/s")
+# split per token: wait 0.5/10 s; compute (eval - wait)/10; other the rest of decode_s/10
+close(lru["read_wait_ms"]["median"], 50.0, "wait ms")
+close(lru["compute_ms"]["median"], (0.8 * 10 / 3.0 - 0.5) / 10 * 1e3, "compute ms")
+close(lru["other_ms"]["median"], (10 / 3.0 - 0.8 * 10 / 3.0) / 10 * 1e3, "other ms")
+close(lru["hit_rate"]["median"], 0.3, "hit rate")
+close(lru["cachesim_bytes_per_token"], 1.5e6, "cache-sim bytes")
+# page cache: hit rate = 1 - storage / bytes the engine asked for (3500 of 7000)
+close(pc["hit_rate"]["median"], 0.5, "page-cache hit rate")
+assert pc["page_cache_held"] is True, pc
+assert "cachesim_bytes_per_token" not in pc
+PYEOF
+grep -q "pagecache (held)" "$T/results.md" && ok held-marked || bad held-marked "$(grep pagecache "$T/results.md")"
+
+# a repetition where memhog fell short is not "held"
+sed -i 's/"memhog_short": 0/"memhog_short": 1073741824/' "$T/arms.jsonl"
+/usr/bin/python3 bench/report.py "$T" 10 test >/dev/null 2>&1
+grep -q "pagecache (not held)" "$T/results.md" && ok not-held-marked || bad not-held-marked "$(grep pagecache "$T/results.md")"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
