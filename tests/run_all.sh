@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run_all.sh - the whole test suite (`make test`): cmocka unit tests (ASan+UBSan),
-# the independent-reference comparison on synthetic checkpoints, command-line
+# the independent-reference comparison on synthetic checkpoints, the shipped demo
+# models against their PyTorch training code and the reference, command-line
 # bad-input tests and bounded fuzzing. Ends with one line "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
@@ -60,6 +61,7 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
 
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
+run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
 run_counted budget bash tests/test_budget.sh "$B/deltafin"
 run_counted server bash tests/test_server.sh "$B/deltafin-san"
