@@ -310,7 +310,9 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
                     i ? "," : "", pl[i].layer, pl[i].using, (unsigned long long)pl[i].predicted,
                     (unsigned long long)pl[i].correct, (unsigned long long)pl[i].actual,
                     pl[i].recall_router, pl[i].recall_prev);
-        fprintf(ev, "]}\n");
+        fprintf(ev, "],");
+        json_routing(ev, st);
+        fprintf(ev, "}\n");
     }
     free(pl);
 }
