@@ -10,7 +10,9 @@
 #          + (the same prompt's in-RAM compute time, warm).
 #
 # usage: bench/prefetch.sh [MODEL_DIR [PACK_DIR]]   (defaults: the make-bench model)
-# env:   REPS (3), NEW (48), BUDGET (2G), ARMS ("on off"), PROMPT_LEN (512), B (build)
+# env:   REPS (3), NEW (48), BUDGET (2G), ARMS ("on off"), PROMPT_LEN (512), B (build),
+#        CACHE (size the expert cache directly instead of BUDGET, for small models),
+#        SKIP_PREFILL=1
 # Results: bench/results/<date>/prefetch/ (events JSON lines + summary.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +23,11 @@ REPS=${REPS:-3}
 NEW=${NEW:-48}
 BUDGET=${BUDGET:-2G}
 ARMS=${ARMS:-on off}
+if [ -n "${CACHE:-}" ]; then MEM=(--expert-cache "$CACHE"); else MEM=(--ram-budget "$BUDGET"); fi
 PLEN=${PROMPT_LEN:-512}
 OUT=bench/results/$(date +%Y-%m-%d)/prefetch-$(basename "$M")
 mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/iobw.txt
+rm -f "$OUT"/*.jsonl "$OUT"/*.err "$OUT"/iobw.txt
 LOG=$OUT/summary.txt
 : >"$LOG"
 say() { echo "$*" | tee -a "$LOG"; }
@@ -37,9 +40,10 @@ EXPERT_BYTES=$("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .
 NREC=$(/usr/bin/python3 -c "import json; print(len(json.load(open('$PACK/manifest.json'))['records']))" 2>/dev/null || echo 1024)
 RECORD=$((EXPERT_BYTES / NREC))
 say "# prefetch benchmark, $(date -u +%FT%TZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-say "model $M: experts $((EXPERT_BYTES / 1048576)) MiB in $NREC records; budget $BUDGET; $NEW tokens; reps $REPS"
+say "model $M: experts $((EXPERT_BYTES / 1048576)) MiB in $NREC records; ${MEM[*]}; $NEW tokens; reps $REPS"
 iobw() { "$B/bench_io" -s "$RECORD" -d 8 -t 4 "$PACK/experts.bin" | awk '{print $2}'; }
-ids() { /usr/bin/python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(1000, 100000)) for _ in range($2)))"; }
+VOCAB=$(/usr/bin/python3 -c "import json; print(json.load(open('$M/config.json'))['vocab_size'])")
+ids() { /usr/bin/python3 -c "import random; r=random.Random($1); v=$VOCAB; print(','.join(str(r.randrange(min(1000, v // 8), v)) for _ in range($2)))"; }
 P16=$(ids 4 16)
 P512=$(ids 5 "$PLEN")
 
@@ -49,7 +53,7 @@ for i in $(seq "$REPS"); do
         BW=$(iobw)
         echo "$arm $BW" >>"$OUT/iobw.txt"
         drop
-        "$B/deltafin" run --model "$M" --experts "$PACK" --ram-budget "$BUDGET" --prompt-tokens "$P16" \
+        "$B/deltafin" run --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P16" \
             --max-new "$NEW" --temp 0 --print-ids --teacher-force 7 --prefetch "$arm" --io-bw "$BW" \
             --events "$OUT/decode-$arm-$i.jsonl" >/dev/null 2>"$OUT/decode-$arm-$i.err"
         say "decode $arm rep $i: bw $BW GB/s: $(grep '"summary"' "$OUT/decode-$arm-$i.jsonl" | cut -c1-160)..."
@@ -57,14 +61,16 @@ for i in $(seq "$REPS"); do
 done
 
 # prefill: streamed arms, then the two halves of the reference time
-for i in $(seq "$REPS"); do
+[ "${SKIP_PREFILL:-0}" = 1 ] && PREPS=0 || PREPS=$REPS
+for i in $(seq "$PREPS"); do
     for arm in $ARMS; do
         drop
-        "$B/deltafin" run --model "$M" --experts "$PACK" --ram-budget "$BUDGET" --prompt-tokens "$P512" \
+        "$B/deltafin" run --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P512" \
             --max-new 1 --temp 0 --print-ids --prefetch "$arm" --events "$OUT/prefill-$arm-$i.jsonl" \
             >/dev/null 2>"$OUT/prefill-$arm-$i.err"
     done
 done
+if [ "$PREPS" -gt 0 ]; then
 drop
 BW=$(iobw)
 echo "touched $BW" >>"$OUT/iobw.txt"
@@ -80,6 +86,7 @@ for i in $(seq "$REPS"); do
     "$B/deltafin" run --model "$M" --prompt-tokens "$P512" --max-new 1 --temp 0 --print-ids \
         --events "$OUT/inram-$i.jsonl" >/dev/null 2>&1
 done
+fi
 
 /usr/bin/python3 - "$OUT" "$ARMS" <<'PYEOF' | tee -a "$LOG"
 import glob, json, statistics as S, sys
@@ -114,13 +121,17 @@ for arm in arms:
           f"| {miss:.1f} | {waste:.1f} | {wait:.4f} | {rec:.3f} | {prec:.3f} |")
 print("I/O bandwidth (GB/s) measured before each decode arm: " +
       ", ".join(f"{a} median {S.median(v):.3f}" for a, v in bws.items() if a in arms))
+import os
+if not os.path.exists(f"{out}/touched.jsonl"):
+    sys.exit(0)
 t = ev(f"{out}/touched.jsonl", "summary")
+touched = ev(f"{out}/touched.jsonl", "prefill")["expert_bytes_read"]
 inram = [ev(f, "summary")["prefill_s"] for f in sorted(glob.glob(f"{out}/inram-*.jsonl"))]
 bw = bws["touched"][0]
-read_s = t["expert_bytes_read"] / (bw * 1e9)
+read_s = touched / (bw * 1e9)
 ref = read_s + S.median(inram)
 print(f"\n## prefill, {t['prompt_tokens']}-token prompt, streamed, cold")
-print(f"every expert it touches: {t['expert_bytes_read']/1e9:.2f} GB, read once at {bw:.3f} GB/s = {read_s:.2f} s; "
+print(f"every expert it touches: {touched/1e9:.2f} GB, read once at {bw:.3f} GB/s = {read_s:.2f} s; "
       f"in-RAM compute {S.median(inram):.2f} s (min {min(inram):.2f}); reference {ref:.2f} s")
 for arm in arms:
     tt = [ev(f, "summary")["prefill_s"] for f in sorted(glob.glob(f"{out}/prefill-{arm}-*.jsonl"))]

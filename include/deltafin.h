@@ -60,10 +60,10 @@ typedef struct df_engine_opts {
     const char *cache_policy; /* "deltafin" (default) or "lru" */
     uint64_t pin_bytes;    /* pinned tier: hottest experts (persisted heat) read
                               in at start-up and never evicted */
-    /* Read-ahead of streamed experts. prefetch: NULL/"on" = per layer, the
-     * better of the router lookahead and the previous token's experts while
-     * its running recall reaches prefetch_min_recall, else nothing; "router" or
-     * "prev" force one predictor; "off". prefetch_depth: MoE layers ahead the
+    /* Read-ahead of streamed experts. prefetch: "on" = per layer, the better
+     * of the router lookahead and the previous token's experts while its
+     * running recall reaches prefetch_min_recall, else nothing; "router" or
+     * "prev" force one predictor; NULL/"off": none. prefetch_depth: MoE layers ahead the
      * router lookahead runs (1..8, 0 = 1). prefetch_min_recall: 0 = 0.5. */
     const char *prefetch;
     int prefetch_depth;

@@ -242,7 +242,7 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     int policy = df_cache_policy_from_name(o->policy ? o->policy : "deltafin");
     if (policy < 0 || policy == DF_POLICY_BELADY)
         return df_fail(err, DF_ERR_ARG, "unknown cache policy '%s' (use deltafin or lru)", o->policy);
-    int pf_mode = df_pf_mode_from_name(o->prefetch ? o->prefetch : "on");
+    int pf_mode = df_pf_mode_from_name(o->prefetch ? o->prefetch : "off");
     if (pf_mode < 0)
         return df_fail(err, DF_ERR_ARG, "unknown prefetch mode '%s' (use on, off, router or prev)",
                        o->prefetch);

@@ -24,7 +24,7 @@ typedef struct df_store_opts {
     uint64_t pin_bytes;           /* pinned tier, filled from the persisted heat */
     const char *heat_path;        /* NULL: experts.heat in the first pack directory
                                      (no persistence when streaming from safetensors) */
-    const char *prefetch;         /* NULL/"on": gated; "off", "router", "prev" (prefetch.h) */
+    const char *prefetch;         /* "on": gated; NULL/"off", "router", "prev" (prefetch.h) */
     int prefetch_depth;           /* MoE layers ahead of the router lookahead; 0 = 1 */
     double prefetch_min_recall;   /* the gate's threshold; < 0 = default 0.5 */
 } df_store_opts;

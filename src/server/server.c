@@ -72,7 +72,7 @@ static const char SERVE_HELP[] =
     "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G)\n"
     "  --expert-cache SIZE  size the expert cache directly\n"
     "  --policy P           expert cache policy: deltafin (default) or lru\n"
-    "  --prefetch MODE      expert read-ahead: on (default), router, prev, off\n"
+    "  --prefetch MODE      expert read-ahead: off (default), on, router, prev\n"
     "  --prefetch-depth N   MoE layers ahead the router lookahead runs (1..8)\n"
     "  --pin SIZE           pinned tier of hottest experts read at start-up\n";
 
