@@ -363,6 +363,7 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->prefetch_bytes_used = s.prefetch_bytes_used;
     o->prefetch_bytes_wasted = s.prefetch_bytes_wasted;
     o->prefetch_no_room = s.prefetch_no_room;
+    o->prefetch_gate = df_store_prefetch_gate(e->store, &o->prefetch_speedup);
     int n_moe = df_store_moe_layers(e->store);
     for (int l = 0; l < n_moe; l++) {
         df_pf_layer_stats pl;

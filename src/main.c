@@ -281,9 +281,10 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
     for (int i = 0; i < n; i++) P += pl[i].predicted, C += pl[i].correct, A += pl[i].actual;
     if (text) {
         fprintf(stderr,
-                "prefetch: %s, depth %d; read ahead %llu experts, %.1f MB used, %.1f MB wasted, "
-                "%llu not read (no free slot); recall %.3f precision %.3f\n",
-                st->prefetch, st->prefetch_depth, (unsigned long long)st->prefetch_reads,
+                "prefetch: %s, depth %d, time gate %s (last probe: %.2fx); read ahead %llu experts, "
+                "%.1f MB used, %.1f MB wasted, %llu not read (no free slot); recall %.3f precision %.3f\n",
+                st->prefetch, st->prefetch_depth, st->prefetch_gate, st->prefetch_speedup,
+                (unsigned long long)st->prefetch_reads,
                 (double)st->prefetch_bytes_used / 1e6, (double)st->prefetch_bytes_wasted / 1e6,
                 (unsigned long long)st->prefetch_no_room, A ? (double)C / (double)A : 0.0,
                 P ? (double)C / (double)P : 0.0);
@@ -296,11 +297,12 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
     }
     if (ev) {
         fprintf(ev,
-                "{\"event\":\"prefetch\",\"mode\":\"%s\",\"depth\":%d,\"reads\":%llu,\"hits\":%llu,"
+                "{\"event\":\"prefetch\",\"mode\":\"%s\",\"depth\":%d,\"gate\":\"%s\","
+                "\"gate_speedup\":%.4f,\"reads\":%llu,\"hits\":%llu,"
                 "\"bytes_used\":%llu,\"bytes_wasted\":%llu,\"no_room\":%llu,\"recall\":%.4f,"
                 "\"precision\":%.4f,\"layers\":[",
-                st->prefetch, st->prefetch_depth, (unsigned long long)st->prefetch_reads,
-                (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_bytes_used,
+                st->prefetch, st->prefetch_depth, st->prefetch_gate, st->prefetch_speedup,
+                (unsigned long long)st->prefetch_reads, (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_bytes_used,
                 (unsigned long long)st->prefetch_bytes_wasted, (unsigned long long)st->prefetch_no_room,
                 A ? (double)C / (double)A : 0.0, P ? (double)C / (double)P : 0.0);
         for (int i = 0; i < n; i++)

@@ -115,12 +115,47 @@ static void test_gate_switches(void **state) {
     df_pf_free(p);
 }
 
+/* The time gate: prefetch that makes steps slower is switched off after one
+ * probe, prefetch that makes them faster is held, and the gate probes again
+ * after its hold; batched steps are not timed; forced modes are never gated. */
+static void test_time_gate(void **state) {
+    (void)state;
+    df_prefetcher *p = df_pf_new(1, E, DF_PF_GATED, 1, 0.5);
+    assert_string_equal(df_pf_gate_state(p), "probing");
+    int steps = 0;
+    while (strcmp(df_pf_gate_state(p), "probing") == 0 && steps < 100) {
+        df_pf_step(p, df_pf_active(p) ? 0.012 : 0.010, 1); /* prefetch slower */
+        df_pf_step(p, 5.0, 64);                           /* a prefill chunk: ignored */
+        steps++;
+    }
+    assert_true(steps <= 40);
+    assert_string_equal(df_pf_gate_state(p), "off");
+    assert_false(df_pf_active(p));
+    assert_true(df_pf_gate_speedup(p) < 0.9);
+    /* after the hold it probes again; now prefetch is faster and is kept */
+    for (int i = 0; i < 200 && strcmp(df_pf_gate_state(p), "off") == 0; i++) df_pf_step(p, 0.010, 1);
+    assert_string_equal(df_pf_gate_state(p), "probing");
+    for (int i = 0; i < 100 && strcmp(df_pf_gate_state(p), "probing") == 0; i++)
+        df_pf_step(p, df_pf_active(p) ? 0.008 : 0.010, 1);
+    assert_string_equal(df_pf_gate_state(p), "on");
+    assert_true(df_pf_active(p));
+    assert_true(df_pf_gate_speedup(p) > 1.2);
+    df_pf_free(p);
+
+    p = df_pf_new(1, E, DF_PF_ROUTER, 1, 0.5);
+    for (int i = 0; i < 100; i++) df_pf_step(p, 1.0, 1);
+    assert_string_equal(df_pf_gate_state(p), "forced");
+    assert_true(df_pf_active(p));
+    df_pf_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_forced_modes),
         cmocka_unit_test(test_union_of_rows),
         cmocka_unit_test(test_gate_switches),
+        cmocka_unit_test(test_time_gate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,11 +21,30 @@ typedef struct pf_layer {
     df_pf_layer_stats st;
 } pf_layer;
 
+/* The time gate: PROBE_ROUNDS rounds of PHASE timed steps on, then off. */
+#define PHASE 8
+#define PROBE_ROUNDS 2
+#define HOLD_STEPS 128
+#define HOLD_MAX 4096
+#define WIN 0.97 /* prefetch must make steps at least 3% faster */
+
+enum { G_PROBE, G_HOLD_ON, G_HOLD_OFF };
+
 struct df_prefetcher {
     int L, E, depth;
     df_pf_mode mode;
     double min_recall;
     pf_layer *layers;
+    /* time gate */
+    int g_state;
+    bool g_on;                          /* this step reads predictions */
+    int g_left;                         /* steps left in the phase or hold */
+    int g_phase;                        /* probe phases done */
+    bool g_skip;                        /* the first step of a phase is not timed */
+    double on_t[PHASE * PROBE_ROUNDS], off_t[PHASE * PROBE_ROUNDS];
+    int n_on, n_off;
+    int hold_off;                       /* the next losing hold, in steps */
+    double speedup;
 };
 
 static const char *const mode_names[] = {"off", "on", "router", "prev"};
@@ -64,6 +83,11 @@ df_prefetcher *df_pf_new(int n_layers, int n_experts, df_pf_mode mode, int depth
         y->st.recall_router = 1.0;
         y->st.recall_prev = 0.0;
     }
+    p->g_state = G_PROBE;
+    p->g_on = true;
+    p->g_left = PHASE;
+    p->g_skip = true;
+    p->hold_off = HOLD_STEPS;
     return p;
 }
 
@@ -148,3 +172,67 @@ void df_pf_observe(df_prefetcher *p, int layer, const int *experts, int n) {
 }
 
 void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out) { *out = p->layers[layer].st; }
+
+/* ---- the time gate ------------------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void start_probe(df_prefetcher *p) {
+    p->g_state = G_PROBE;
+    p->g_on = true;
+    p->g_left = PHASE;
+    p->g_phase = 0;
+    p->g_skip = true;
+    p->n_on = p->n_off = 0;
+}
+
+void df_pf_step(df_prefetcher *p, double seconds, int rows) {
+    if (p->mode != DF_PF_GATED || rows != 1) return;
+    if (p->g_state != G_PROBE) {
+        if (--p->g_left <= 0) start_probe(p);
+        return;
+    }
+    if (p->g_skip) { /* its reads were started under the previous phase */
+        p->g_skip = false;
+        return;
+    }
+    if (p->g_on) p->on_t[p->n_on++] = seconds;
+    else p->off_t[p->n_off++] = seconds;
+    if (--p->g_left > 0) return;
+    if (++p->g_phase < 2 * PROBE_ROUNDS) { /* next phase: the other arm */
+        p->g_on = !p->g_on;
+        p->g_left = PHASE;
+        p->g_skip = true;
+        return;
+    }
+    double on = median(p->on_t, p->n_on), off = median(p->off_t, p->n_off);
+    p->speedup = on > 0 ? off / on : 0;
+    if (on < off * WIN) {
+        p->g_state = G_HOLD_ON;
+        p->g_on = true;
+        p->g_left = HOLD_STEPS;
+        p->hold_off = HOLD_STEPS;
+    } else {
+        p->g_state = G_HOLD_OFF;
+        p->g_on = false;
+        p->g_left = p->hold_off;
+        p->hold_off = p->hold_off * 2 > HOLD_MAX ? HOLD_MAX : p->hold_off * 2;
+    }
+}
+
+bool df_pf_active(const df_prefetcher *p) { return p->mode != DF_PF_GATED || p->g_on; }
+
+const char *df_pf_gate_state(const df_prefetcher *p) {
+    if (p->mode != DF_PF_GATED) return "forced";
+    return p->g_state == G_PROBE ? "probing" : p->g_state == G_HOLD_ON ? "on" : "off";
+}
+
+double df_pf_gate_speedup(const df_prefetcher *p) { return p->speedup; }

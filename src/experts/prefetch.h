@@ -9,7 +9,13 @@
  *   prev    the experts layer L chose in the previous step.
  * Each layer keeps a running (exponentially decayed) recall per predictor. In
  * gated mode a layer uses the better predictor when its recall reaches the
- * minimum, and no prefetch otherwise; the other modes force one choice. The
+ * minimum, and no prefetch otherwise; the other modes force one choice.
+ *
+ * Recall says a prediction is right, not that reading it early pays: when the
+ * disk is already busy, right guesses hide nothing and wrong ones cost reads.
+ * So gated mode also measures time: on single-row steps it alternates short
+ * phases with prefetch on and off, compares the median step times, and holds
+ * the winner for a while before probing again (longer after each loss). The
  * object owns only this bookkeeping: the store (store.h) owns slots and I/O.
  */
 #ifndef DF_EXPERTS_PREFETCH_H
@@ -63,5 +69,15 @@ int df_pf_predict(df_prefetcher *p, int layer, const int *sel, int n_sel, int *o
 void df_pf_observe(df_prefetcher *p, int layer, const int *experts, int n);
 
 void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out);
+
+/* A forward step of `rows` rows took `seconds` (from the end of the previous
+ * one). Only single-row steps are timed. */
+void df_pf_step(df_prefetcher *p, double seconds, int rows);
+/* Whether this step reads predictions (the time gate; forced modes: always). */
+bool df_pf_active(const df_prefetcher *p);
+/* "probing", "on", "off", or "forced"; and the last probe's measured speed-up
+ * (median step time without / with prefetch; 0 before the first probe). */
+const char *df_pf_gate_state(const df_prefetcher *p);
+double df_pf_gate_speedup(const df_prefetcher *p);
 
 #endif

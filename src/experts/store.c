@@ -96,6 +96,7 @@ struct df_store {
     int *queue;         /* want indices without a slot yet */
     int n_queue;
     int *pred;          /* scratch: a layer's predicted experts */
+    double last_step_t; /* when the previous forward step ended (the time gate) */
     int last_slot;      /* handed out by the previous df_store_next */
     int st_pinned;      /* experts read in at start-up (pinned tier) */
     /* Fault injection for tests (DF_TEST_IO_FAULTS=short,eintr): completions
@@ -155,16 +156,13 @@ static void op_geometry(const df_store *s, int layer, int e, int i, int *fd, uin
 static int complete(df_store *s, struct io_uring_cqe *cqe);
 static void assign(df_store *s, int si, int key, int pf_layer);
 
-/* A few transient slots let the policy turn one-off experts away; with
- * prefetch on, room for the predicted experts of the layers ahead too. */
+/* A few transient slots let the policy turn one-off experts away. Predicted
+ * experts are read into the ones the current layer leaves free: giving
+ * prefetch slots of its own would shrink the cache, and measured on the
+ * demo model that cost more (a lower hit rate) than prefetch saved. */
 static int n_transient(const df_store *s) {
     int top_k = s->m->cfg.num_experts_per_tok;
-    int want = top_k, cap = s->n_slots / 8;
-    if (s->pf) {
-        want = top_k * (1 + df_pf_depth(s->pf));
-        cap = s->n_slots / 4;
-    }
-    int t = cap < want ? cap : want;
+    int t = s->n_slots / 8 < top_k ? s->n_slots / 8 : top_k;
     return t < 1 ? 1 : t;
 }
 
@@ -758,8 +756,11 @@ void df_store_end_layer(df_store *s) {
     pump(s);
 }
 
-void df_store_end_step(df_store *s) {
+void df_store_end_step(df_store *s, int rows) {
     if (s->cache) df_cache_token_end(s->cache);
+    double now = df_now();
+    if (s->pf && s->last_step_t > 0) df_pf_step(s->pf, now - s->last_step_t, rows);
+    s->last_step_t = now;
     /* predictions for layers the step never reached (an error stopped it) */
     if (s->pf)
         for (int si = 0; si < s->n_slots; si++)
@@ -776,6 +777,11 @@ const char *df_store_prefetch_mode(const df_store *s) {
     return s->pf ? df_pf_mode_name(df_pf_get_mode(s->pf)) : "off";
 }
 
+const char *df_store_prefetch_gate(const df_store *s, double *speedup) {
+    *speedup = s->pf ? df_pf_gate_speedup(s->pf) : 0;
+    return s->pf ? df_pf_gate_state(s->pf) : "off";
+}
+
 int df_store_moe_layers(const df_store *s) {
     int n = 0;
     for (int li = 0; li < s->L; li++) n += s->moe_index[li] >= 0;
@@ -790,6 +796,7 @@ void df_store_prefetch_layer(const df_store *s, int moe_layer, struct df_pf_laye
 void df_store_predict(df_store *s, int layer, const int *sel, int n_sel) {
     if (!s->pf || s->failed || s->moe_index[layer] < 0) return;
     int n = df_pf_predict(s->pf, s->moe_index[layer], sel, n_sel, s->pred);
+    if (!df_pf_active(s->pf)) return; /* scored, not read: the time gate says it does not pay */
     if (s->n_queue) { /* the current layer still waits for slots: it comes first */
         s->st.prefetch_no_room += (uint64_t)n;
         return;

@@ -59,8 +59,8 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
  * its weights, valid until the next call; *expert = -1 when all were handed out. */
 int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err);
 void df_store_end_layer(df_store *s);
-/* A forward step (one token, or one batch of rows) is complete. */
-void df_store_end_step(df_store *s);
+/* A forward step (one token, or one batch of `rows` rows) is complete. */
+void df_store_end_step(df_store *s, int rows);
 int df_store_pinned(const df_store *s); /* experts read in at start-up */
 
 /* Read-ahead. The forward pass asks how far ahead to look (0: prefetch is off)
@@ -72,6 +72,9 @@ int df_store_pinned(const df_store *s); /* experts read in at start-up */
 int df_store_prefetch_depth(const df_store *s);
 void df_store_predict(df_store *s, int layer, const int *sel, int n_sel);
 const char *df_store_prefetch_mode(const df_store *s);
+/* The time gate (prefetch.h): "probing", "on", "off" or "forced", and the last
+ * probe's speed-up. */
+const char *df_store_prefetch_gate(const df_store *s, double *speedup);
 int df_store_moe_layers(const df_store *s);
 /* MoE layer index (0 .. df_store_moe_layers-1) -> its prefetch statistics. */
 struct df_pf_layer_stats;

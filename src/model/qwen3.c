@@ -467,7 +467,7 @@ int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *k
         if (rc) return rc;
         if (on_layer) on_layer(user, li + 1, c->num_hidden_layers, T);
     }
-    if (store) df_store_end_step(store);
+    if (store) df_store_end_step(store, T);
     if (!logits) return DF_OK;
     int first = all_rows ? 0 : T - 1, n = T - first;
     for (int t = first; t < T; t++)
