@@ -129,6 +129,10 @@ typedef struct df_stats {
     /* over all MoE layers and the steps where a prediction was issued: experts
      * predicted, of those used, and used (recall = correct / actual) */
     uint64_t prefetch_predicted, prefetch_correct, prefetch_actual;
+    /* "on" mode's time gate: "probing", "on", "off" ("forced" in router/prev
+     * mode), and its last probe's speed-up (step time without / with) */
+    const char *prefetch_gate;
+    double prefetch_speedup;
     const char *replay_routing; /* trace the routing is replayed from, NULL: the
                                    model's own routing */
 } df_stats;
