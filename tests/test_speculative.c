@@ -8,7 +8,7 @@
  * fixed depths and under the gate, with the experts resident and streamed from
  * a pack through a 2-slot cache. The gate: a drafter that is always wrong is
  * switched off within a bounded number of passes, and output stays the same.
- * Rejection sampling: the empirical distribution of the first tokens (2000
+ * Rejection sampling: the empirical distribution of the first tokens (1500
  * seeded runs) matches plain sampling by a chi-square test at a strict level,
  * for a draft model (q != p: rejections and residual draws), a one-hot drafter
  * and the target as its own draft; the same test tells two temperatures apart,
@@ -286,7 +286,7 @@ static void test_gate_switches_off_wrong_drafter(void **st) {
 
 /* ---- sampling: the distribution is the target's ----------------------------------- */
 
-#define RUNS 2000
+#define RUNS 1500
 #define NTOK 3
 
 /* Two-sample chi-square homogeneity over categories with counts a, b (equal

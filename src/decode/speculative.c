@@ -268,7 +268,9 @@ static void gate_verify(df_spec *sp, int drafted, int accepted, double secs) {
 
 /* The continuation of the latest earlier occurrence of the longest suffix of
  * c[0..L) of n tokens, n from nmax down to 2 (1 only when nmax is 1: a single
- * token repeats too often to predict much). */
+ * token repeats too often to predict much). A continuation that reaches the end
+ * of the context goes on with the tokens it proposed, so a loop of period p is
+ * predicted to full depth rather than p tokens at a time. */
 static int lookup_draft(const int32_t *c, int L, int nmax, int k, int32_t *out) {
     int nmin = nmax >= 2 ? 2 : 1;
     for (int n = nmax < L - 1 ? nmax : L - 1; n >= nmin; n--) {
@@ -276,7 +278,7 @@ static int lookup_draft(const int32_t *c, int L, int nmax, int k, int32_t *out) 
         for (int i = L - n - 1; i >= 0; i--) {
             if (memcmp(c + i, suf, (size_t)n * sizeof *c) != 0) continue;
             int m = 0;
-            for (int j = i + n; j < L && m < k; j++) out[m++] = c[j];
+            for (int j = i + n; m < k; j++) out[m++] = j < L ? c[j] : out[j - L];
             return m;
         }
     }
