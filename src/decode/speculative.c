@@ -65,7 +65,8 @@
 #define G_MIN 0.05
 #define G_MAX 8.0
 #define T_ALPHA 0.2
-#define PLAIN_FIRST 2   /* plain steps measured before the first draft */
+#define PLAIN_FIRST 3   /* plain steps before the first draft; the first is not
+                           measured (a cold expert cache would flatter drafting) */
 #define CALIBRATE 32    /* verify passes between plain measurements */
 #define BACKOFF_MIN 8
 #define BACKOFF_MAX 256
@@ -236,7 +237,8 @@ static int gate_depth(df_spec *sp) {
 
 static void gate_plain(df_spec *sp, double secs) {
     gate *g = &sp->gt;
-    g->t_plain = g->n_plain ? g->t_plain + T_ALPHA * (secs - g->t_plain) : secs;
+    if (g->n_plain == 1) g->t_plain = secs;
+    else if (g->n_plain > 1) g->t_plain += T_ALPHA * (secs - g->t_plain);
     g->n_plain++;
     g->since_plain = 0;
 }
