@@ -43,7 +43,7 @@
  * yields E(k) = 1 + a + ... + a^k tokens, so it pays by S(k) = E(k) / (1 + g k).
  * The gate drafts at the k that maximises S, and stops drafting when no k gives
  * S >= 1 (a < g is enough to stop), then probes again after a back-off that
- * doubles each time a probe fails. g never falls below G_MIN (a verification
+ * grows 4x each time a probe fails. g never falls below G_MIN (a verification
  * row is never free), so a drafter that is always wrong is switched off within
  * a bounded number of passes whatever the timings say. While drafting, one
  * plain step in every CALIBRATE passes keeps t_plain current.
@@ -68,8 +68,12 @@
 #define PLAIN_FIRST 3   /* plain steps before the first draft; the first is not
                            measured (a cold expert cache would flatter drafting) */
 #define CALIBRATE 32    /* verify passes between plain measurements */
-#define BACKOFF_MIN 8
-#define BACKOFF_MAX 256
+/* Plain steps before probing again; x4 after each failed probe. A failed probe
+ * costs more than its pass: a wrong row's experts are read and evict useful
+ * ones, so probes must be rare for a drafter that keeps failing. */
+#define BACKOFF_MIN 16
+#define BACKOFF_MUL 4
+#define BACKOFF_MAX 1024
 #define PROBE_OK 16     /* verify passes after which a probe counts as a success */
 #define CATCHUP_CHUNK 256
 
@@ -259,7 +263,7 @@ static void gate_verify(df_spec *sp, int drafted, int accepted, double secs) {
     best_depth(sp, &s);
     if (s < 1.0) {
         g->off_left = g->backoff;
-        g->backoff = g->backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : g->backoff * 2;
+        g->backoff = g->backoff * BACKOFF_MUL > BACKOFF_MAX ? BACKOFF_MAX : g->backoff * BACKOFF_MUL;
         sp->st.switched_off++;
     } else if (++g->on_passes == PROBE_OK) {
         g->backoff = BACKOFF_MIN;
