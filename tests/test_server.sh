@@ -343,9 +343,10 @@ for b in "${spec_bodies[@]}"; do
     want+=("$(jq_py "$summary_py")")
 done
 PORT3=$((PORT + 2000))
+# (lookup at a fixed depth, so that drafts are checked whatever the gate would say)
 for draft in lookup "$MODEL"; do
-    name=spec-self; [ "$draft" = lookup ] && name=spec-lookup
-    start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 || { bad "$name" "did not start"; continue; }
+    name=spec-self; fixed=(); [ "$draft" = lookup ] && name=spec-lookup fixed=(--draft-fixed 3)
+    start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 "${fixed[@]}" || { bad "$name" "did not start"; continue; }
     S3=$SPID
     U3=http://127.0.0.1:$PORT3
     same=1

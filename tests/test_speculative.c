@@ -274,9 +274,9 @@ static void test_gate_switches_off_wrong_drafter(void **st) {
      * estimate 0.5 * 0.75^m falls below the least cost per row (0.05) by m = 9. */
     assert_true(first_off > 0 && first_off <= 12);
     assert_int_equal(ss.accepted, 0);
-    /* back-offs of 16 and 64 plain steps between probes of <= 9 passes */
+    /* back-offs of >= 16, then >= 64 plain steps between probes of <= 9 passes */
     assert_true(ss.verify_passes <= 9 * 3);
-    assert_true(ss.switched_off >= 2);
+    assert_true(ss.switched_off >= 1);
     assert_true(ss.verify_passes == ss.drafted || ss.drafted >= ss.verify_passes);
     df_sampler_free(smp);
     df_session_free(s);

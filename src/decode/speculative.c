@@ -43,7 +43,8 @@
  * yields E(k) = 1 + a + ... + a^k tokens, so it pays by S(k) = E(k) / (1 + g k).
  * The gate drafts at the k that maximises S, and stops drafting when no k gives
  * S >= 1 (a < g is enough to stop), then probes again after a back-off that
- * grows 4x each time a probe fails. g never falls below G_MIN (a verification
+ * grows 4x each time a probe fails, and is at least PROBE_AMORTIZE times what
+ * the failed pass wasted. g never falls below G_MIN (a verification
  * row is never free), so a drafter that is always wrong is switched off within
  * a bounded number of passes whatever the timings say. While drafting, one
  * plain step in every CALIBRATE passes keeps t_plain current.
@@ -74,6 +75,11 @@
 #define BACKOFF_MIN 16
 #define BACKOFF_MUL 4
 #define BACKOFF_MAX 1024
+/* ... and at least this many times the plain steps a failed probe wasted
+ * (including bringing the draft model up to date), so probing costs at most
+ * ~1/PROBE_AMORTIZE of the run. */
+#define PROBE_AMORTIZE 40
+#define OFF_MAX 8192
 #define PROBE_OK 16     /* verify passes after which a probe counts as a success */
 #define CATCHUP_CHUNK 256
 
@@ -247,7 +253,9 @@ static void gate_plain(df_spec *sp, double secs) {
     g->since_plain = 0;
 }
 
-static void gate_verify(df_spec *sp, int drafted, int accepted, double secs) {
+/* secs: the pass without the draft's catch-up (what a pass costs in the steady
+ * state); total_s: with it (what this probe cost). */
+static void gate_verify(df_spec *sp, int drafted, int accepted, double secs, double total_s) {
     gate *g = &sp->gt;
     g->since_plain++;
     if (sp->fixed) return;
@@ -262,7 +270,9 @@ static void gate_verify(df_spec *sp, int drafted, int accepted, double secs) {
     double s;
     best_depth(sp, &s);
     if (s < 1.0) {
-        g->off_left = g->backoff;
+        double wasted = g->t_plain > 0 ? total_s / g->t_plain - (accepted + 1) : 0.0;
+        double off = wasted * PROBE_AMORTIZE;
+        g->off_left = off > g->backoff ? (off < OFF_MAX ? (int)off : OFF_MAX) : g->backoff;
         g->backoff = g->backoff * BACKOFF_MUL > BACKOFF_MAX ? BACKOFF_MAX : g->backoff * BACKOFF_MUL;
         sp->st.switched_off++;
     } else if (++g->on_passes == PROBE_OK) {
@@ -481,7 +491,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         st->spec_time_s += secs;
         /* Bringing the draft up to date after the prompt or a pause is the
          * draft's prefill, not what a pass costs in the steady state. */
-        gate_verify(sp, kd, acc, secs - catchup);
+        gate_verify(sp, kd, acc, secs - catchup, secs);
     }
     return DF_OK;
 }

@@ -47,7 +47,7 @@
 typedef struct srv_opts {
     const char *model, *experts, *isa, *policy, *host, *api_key, *draft;
     uint64_t ram_budget, pin, expert_cache, max_body;
-    int threads, ctx, port, queue, draft_k, lookup_n;
+    int threads, ctx, port, queue, draft_k, lookup_n, draft_fixed;
     bool insecure_bind;
 } srv_opts;
 
@@ -77,7 +77,8 @@ static const char SERVE_HELP[] =
     "                       without (greedy; sampling: same distribution): a draft\n"
     "                       checkpoint sharing the tokenizer, or prompt lookup\n"
     "  --draft-k N          most tokens drafted per pass (1..16, default 8)\n"
-    "  --lookup-n N         lookup: longest n-gram matched (1..16, default 3)\n";
+    "  --lookup-n N         lookup: longest n-gram matched (1..16, default 3)\n"
+    "  --draft-fixed N      measurement and tests: always draft N tokens, no gate\n";
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -123,7 +124,7 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
                                             "--ram-budget", "--expert-cache", "--policy", "--pin",
-                                            "--draft", "--draft-k", "--lookup-n", NULL};
+                                            "--draft", "--draft-k", "--lookup-n", "--draft-fixed", NULL};
         bool ok = false;
         for (int k = 0; known[k]; k++) ok |= !strcmp(a, known[k]);
         if (!ok) die("unknown option '%s' for this command (see --help)", a);
@@ -148,8 +149,10 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--draft")) o->draft = v;
         else if (!strcmp(a, "--draft-k")) o->draft_k = (int)parse_long(a, v, 1, 16);
         else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)parse_long(a, v, 1, 16);
+        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)parse_long(a, v, 1, 16);
     }
-    if (!o->draft && (o->draft_k || o->lookup_n)) die("--draft-k and --lookup-n need --draft");
+    if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed))
+        die("--draft-k, --lookup-n and --draft-fixed need --draft");
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
 }
 
@@ -1173,7 +1176,7 @@ int df_serve_main(int argc, char **argv) {
     S.info = df_engine_info(S.eng);
     if (o->draft) {
         df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .lookup_n = o->lookup_n,
-                           .n_threads = o->threads, .isa = o->isa};
+                           .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed};
         if (df_spec_new(&S.spec, S.eng, &so, &err)) {
             fprintf(stderr, "deltafin: %s\n", err.msg);
             df_engine_close(S.eng);
