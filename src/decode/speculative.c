@@ -166,6 +166,16 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
         df_engine_opts eo = {.model_dir = o->draft, .n_threads = o->n_threads, .isa = o->isa};
         int rc = df_engine_open(&sp->deng, &eo, err);
         if (rc == DF_OK) rc = check_tokenizer(target, sp->deng, o->draft, err);
+        if (rc == DF_OK) {
+            /* One token through the draft now: its weights are faulted in and its
+             * threads started while loading, not in the first probe, which would
+             * otherwise look (and be) many plain steps expensive. */
+            df_session *w = NULL;
+            int32_t t0 = 0;
+            rc = df_session_new(&w, sp->deng, 1, err);
+            if (rc == DF_OK) rc = df_session_eval(w, &t0, 1, NULL, 0, err);
+            df_session_free(w);
+        }
         if (rc) {
             df_spec_free(sp);
             return rc;
