@@ -191,6 +191,8 @@ int df_chat_render(const df_engine *eng, const df_chat_msg *msgs, int n_msgs,
 int df_session_new(df_session **out, df_engine *eng, int max_context, df_error *err);
 void df_session_free(df_session *s);
 int df_session_pos(const df_session *s);
+/* The most positions the session can hold (its max_context). */
+int df_session_capacity(const df_session *s);
 /* Forget everything from position `pos` on (for rejected drafts, prefix reuse). */
 int df_session_truncate(df_session *s, int pos, df_error *err);
 /* Called after every layer of a forward pass over `rows` rows, for progress
@@ -228,6 +230,78 @@ void df_sampler_free(df_sampler *s);
 /* Picks a token from logits (modified in place). history: tokens so far. */
 int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab,
                           const int32_t *history, int n_history);
+/* The distribution df_sampler_sample draws from for these logits and history
+ * (same penalty, temperature, top-k/p, min-p; greedy: one-hot at the argmax):
+ * probs gets vocab floats summing to 1. logits are modified in place as by
+ * df_sampler_sample. Does not advance the random stream. Returns 0, or -1 for
+ * bad arguments or when scratch memory cannot be had. */
+int df_sampler_probs(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                     int n_history, float *probs);
+
+/* ---- speculative decoding ----------------------------------------------- */
+
+/* A drafter guesses a few tokens ahead; the target checks them all in one
+ * batched pass and keeps the longest prefix it agrees with, plus its own next
+ * token. The output is token for token that of plain decoding with the same
+ * sampler (greedy, and sampling with the same seed); or, with opts.rejection,
+ * standard rejection sampling: the target's distribution exactly, not the
+ * same sample. An
+ * economics gate measures what a verification pass costs against a plain step
+ * and the acceptance rate, picks the depth and switches drafting off (probing
+ * again later) when it does not pay. */
+typedef struct df_spec df_spec;
+
+typedef struct df_spec_opts {
+    /* "lookup": prompt lookup (continue the latest earlier match of the last n
+     * tokens); otherwise the directory of a draft checkpoint sharing the
+     * target's tokenizer, evaluated fully in RAM with its own KV cache. */
+    const char *draft;
+    int k_max;        /* most drafted tokens per pass (1..16; 0 = 8) */
+    int lookup_n;     /* lookup: longest n-gram to match (1..16; 0 = 3) */
+    int n_threads;    /* draft model threads (0 = all CPUs) */
+    const char *isa;  /* draft model kernel path (NULL = auto) */
+    int fixed_depth;  /* > 0: always draft this many, no gate (for measurement) */
+    int rejection;    /* sampling: standard rejection sampling (accept d with
+                         probability min(1, p(d)/q(d))) instead of the exact
+                         default, which accepts d when it is the token the
+                         plain sampler draws there */
+} df_spec_opts;
+
+/* The counters behind --stats. */
+typedef struct df_spec_stats {
+    uint64_t passes;         /* target passes while decoding */
+    uint64_t verify_passes;  /* of which checked drafted tokens */
+    uint64_t drafted, accepted;
+    uint64_t tokens;         /* tokens produced */
+    uint64_t spec_tokens;    /* of which by verification passes */
+    uint64_t switched_off;   /* times the gate turned drafting off */
+    int depth;               /* depth the gate would choose now (0 = off) */
+    double mean_depth;       /* drafted tokens per verification pass */
+    double acceptance;       /* gate's running estimate, per drafted token */
+    double plain_s, verify_s;         /* wall time: mean plain step, verify pass */
+    double plain_bytes, verify_bytes; /* expert bytes read: mean per plain step, per pass */
+    double plain_time_s, spec_time_s; /* totals spent in plain steps / verify passes */
+    double speedup;          /* measured: plain s/token over verify-pass s/token */
+} df_spec_stats;
+
+/* Called on every row of target (and draft) logits before the sampler sees it,
+ * with the tokens that precede the row (e.g. the server's OpenAI penalties). */
+typedef void (*df_logits_fn)(void *user, float *logits, int vocab, const int32_t *history,
+                             int n_history);
+
+int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *opts, df_error *err);
+void df_spec_free(df_spec *sp);
+void df_spec_set_logits_hook(df_spec *sp, df_logits_fn fn, void *user);
+/* One decoding step. s holds the keys/values of hist[0 .. n_hist-1): the last
+ * token hist[n_hist-1] is not yet evaluated. Evaluates it (with any drafted
+ * tokens), writes 1..max_out new tokens to out (*n_out), and leaves s holding
+ * hist + out except the last new token. The session must have room for
+ * position n_hist - 1. */
+int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *hist, int n_hist,
+                 int32_t *out, int max_out, int *n_out, df_error *err);
+void df_spec_stats_get(const df_spec *sp, df_spec_stats *out);
+/* Human-readable summary of the stats (for --stats). */
+void df_spec_report(const df_spec *sp, FILE *out);
 
 #ifdef __cplusplus
 }

@@ -615,6 +615,7 @@ void df_session_free(df_session *s) {
 }
 
 int df_session_pos(const df_session *s) { return s->pos; }
+int df_session_capacity(const df_session *s) { return s->max_ctx; }
 
 void df_session_set_progress(df_session *s, df_progress_fn fn, void *user) {
     s->progress = fn;

@@ -59,13 +59,13 @@ static double now_s(void) {
 
 typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
-    const char *experts, *events, *policy, *prefetch, *replay;
+    const char *experts, *events, *policy, *prefetch, *replay, *draft;
     uint64_t ram_budget, expert_cache, pin;
     double io_bw, prefetch_min_recall;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     long prompt_seed;  /* --random-prompt's seed */
-    bool chat, think, print_ids, help, stats;
-    int max_new, threads, ctx, batch, chunk, prefetch_depth, random_prompt;
+    bool chat, think, print_ids, help, stats, draft_rejection;
+    int max_new, threads, ctx, batch, chunk, prefetch_depth, random_prompt, draft_k, lookup_n, draft_fixed;
     df_sampler_params sp;
     bool temp_set, top_p_set, top_k_set, max_new_set;
 } opts;
@@ -131,12 +131,13 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         if (!strstr(allowed, key)) die("unknown option '%s' for this command (see --help)", a);
         bool is_flag = !strcmp(a, "--chat") || !strcmp(a, "--print-ids") ||
                        !strcmp(a, "--no-think") || !strcmp(a, "--think") ||
-                       !strcmp(a, "--stats");
+                       !strcmp(a, "--stats") || !strcmp(a, "--draft-rejection");
         if (is_flag) {
             if (!strcmp(a, "--chat")) o->chat = true;
             else if (!strcmp(a, "--print-ids")) o->print_ids = true;
             else if (!strcmp(a, "--no-think")) o->think = false;
             else if (!strcmp(a, "--stats")) o->stats = true;
+            else if (!strcmp(a, "--draft-rejection")) o->draft_rejection = true;
             else o->think = true;
             continue;
         }
@@ -168,6 +169,10 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--replay-routing")) o->replay = v;
         else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)parse_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = parse_long(a, v, 0, LONG_MAX);
+        else if (!strcmp(a, "--draft")) o->draft = v;
+        else if (!strcmp(a, "--draft-k")) o->draft_k = (int)parse_long(a, v, 1, 16);
+        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)parse_long(a, v, 1, 16);
+        else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)parse_long(a, v, 1, 16);
         else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
         else if (!strcmp(a, "--max-new")) { o->max_new = (int)parse_long(a, v, 0, 1 << 24); o->max_new_set = true; }
         else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
@@ -459,7 +464,20 @@ static const char RUN_HELP[] =
     "                       router's top-k. The router still runs; the weights are its own\n"
     "                       probabilities of those ids (renormalised like the model's top-k).\n"
     "                       Trace MoE layers/experts/top-k must match the model. The output\n"
-    "                       is not the model's: --stats and --events mark it\n";
+    "                       is not the model's: --stats and --events mark it\n"
+    "  --draft DIR|lookup   speculative decoding, same output as without: DIR is a draft\n"
+    "                       checkpoint sharing the target's tokenizer (run in RAM), lookup\n"
+    "                       continues earlier matches of the last tokens (no model). A gate\n"
+    "                       measures cost and acceptance, picks the depth and turns drafting\n"
+    "                       off when it does not pay; --stats reports it\n"
+    "  --draft-k N          most tokens drafted per pass (1..16, default 8)\n"
+    "  --lookup-n N         lookup: longest n-gram matched (1..16, default 3)\n"
+    "  --draft-fixed N      measurement: always draft N tokens, no gate\n"
+    "                       With sampling the output is the same as without --draft for\n"
+    "                       the same seed (a draft is accepted when it is the token the\n"
+    "                       sampler draws there). Instead:\n"
+    "  --draft-rejection    standard rejection sampling: the same distribution, higher\n"
+    "                       acceptance for a draft model, but not the same sample\n";
 
 /* `deltafin bench`: run with no text output and one JSON summary on stdout. */
 static bool g_bench;
@@ -470,17 +488,22 @@ static int cmd_run(int argc, char **argv) {
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
           " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk"
-          " --prefetch --prefetch-depth --prefetch-min-recall --replay-routing --random-prompt --prompt-seed ");
+          " --prefetch --prefetch-depth --prefetch-min-recall --replay-routing --random-prompt --prompt-seed"
+          " --draft --draft-k --lookup-n --draft-fixed --draft-rejection ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (g_bench) {
         if (!o.random_prompt && !o.prompt && !o.prompt_tokens) o.random_prompt = 512;
-        if (!o.teacher_seed) o.teacher_seed = 7;
+        if (!o.teacher_seed && !o.draft) o.teacher_seed = 7; /* drafts need the model's own tokens */
         if (!o.max_new_set) o.max_new = 513; /* the first token comes from the prompt */
         o.print_ids = true;
     }
     if ((o.prompt != NULL) + (o.prompt_tokens != NULL) + (o.random_prompt > 0) != 1)
         die("give exactly one of --prompt, --prompt-tokens or --random-prompt");
     if (o.chat && !o.prompt) die("--chat needs --prompt");
+    if (!o.draft && (o.draft_k || o.lookup_n || o.draft_fixed || o.draft_rejection))
+        die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
+    if (o.draft && o.teacher_seed) die("--draft cannot be combined with --teacher-force");
+    if (o.draft_fixed && o.draft_k && o.draft_fixed > o.draft_k) die("--draft-fixed exceeds --draft-k");
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
     df_error err;
@@ -534,50 +557,107 @@ static int cmd_run(int argc, char **argv) {
     size_t nh = n;
     FILE *ev = NULL;
     if (o.events && !(ev = fopen(o.events, "w"))) die("%s: cannot create: %s", o.events, strerror(errno));
+    df_spec *sp = NULL;
+    if (o.draft) {
+        df_spec_opts so = {.draft = o.draft, .k_max = o.draft_k ? o.draft_k : (o.draft_fixed > 8 ? o.draft_fixed : 0),
+                           .lookup_n = o.lookup_n, .n_threads = o.threads, .isa = o.isa,
+                           .fixed_depth = o.draft_fixed, .rejection = o.draft_rejection};
+        if (df_spec_new(&sp, e, &so, &err)) die_err(&err);
+    }
     df_stats st0, prev, now;
     df_engine_stats(e, &st0);
-    double t0 = now_s();
-    progress_state ps = {t0, t0};
-    if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
-    if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
-    df_session_set_progress(s, NULL, NULL);
-    double t1 = now_s();
-    df_engine_stats(e, &prev);
-    report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
-    df_stats after_prefill = prev;
-    uint64_t io0 = storage_read_bytes();
+    double t0, t1;
+    uint64_t io0 = 0;
     int n_decoded = 0;
     df_text_stream ts = {0};
     char buf[4096];
-    uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
-    for (int step = 0; step < o.max_new; step++) {
-        int32_t t = df_sampler_sample(smp, logits, V, hist, (int)nh);
-        if (o.teacher_seed) {
-            tf = tf * 6364136223846793005ull + 1442695040888963407ull;
-            t = (int32_t)((tf >> 33) % (uint64_t)V);
+    df_stats after_prefill;
+    if (sp) {
+        /* The step evaluates the last history token itself (with the drafts), so
+         * the prefill leaves the prompt's last token out. */
+        t0 = now_s();
+        progress_state ps = {t0, t0};
+        if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
+        if (n > 1 && df_session_eval(s, ids, (int)n - 1, NULL, 0, &err)) die_err(&err);
+        df_session_set_progress(s, NULL, NULL);
+        t1 = now_s();
+        df_engine_stats(e, &prev);
+        report(ev, o.stats, "prefill", (int)n - 1, &st0, &prev, t1 - t0);
+        after_prefill = prev;
+        io0 = storage_read_bytes();
+        int32_t *got = malloc(sizeof(int32_t) * 17);
+        int produced = 0;
+        bool done = false;
+        while (!done && produced < o.max_new) {
+            int ng;
+            double ts0 = now_s();
+            if (df_spec_step(sp, s, smp, hist, (int)nh, got, o.max_new - produced, &ng, &err)) die_err(&err);
+            n_decoded += ng; /* rows the target accepted (the last new token is not yet evaluated) */
+            df_engine_stats(e, &now);
+            report(ev, o.stats, "token", ng, &prev, &now, now_s() - ts0);
+            prev = now;
+            for (int i = 0; i < ng && !done; i++) {
+                int32_t t = got[i];
+                hist[nh++] = t;
+                if (g_bench) {
+                    /* no tokens: one JSON line at the end */
+                } else if (o.print_ids) {
+                    printf("%s%d", produced ? " " : "", t);
+                } else if (!df_is_stop_token(e, t)) {
+                    size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
+                    fwrite(buf, 1, w, stdout);
+                }
+                produced++;
+                if (df_is_stop_token(e, t) || produced == o.max_new) done = true;
+                else if ((int)nh > ctx) {
+                    fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
+                    done = true;
+                }
+            }
+            fflush(stdout);
         }
-        hist[nh++] = t;
-        if (g_bench) {
-            /* no tokens: one JSON line at the end */
-        } else if (o.print_ids) {
-            printf("%s%d", step ? " " : "", t);
-        } else if (!df_is_stop_token(e, t)) {
-            size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
-            fwrite(buf, 1, w, stdout);
+        free(got);
+    } else {
+        t0 = now_s();
+        progress_state ps = {t0, t0};
+        if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
+        if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
+        df_session_set_progress(s, NULL, NULL);
+        t1 = now_s();
+        df_engine_stats(e, &prev);
+        report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
+        after_prefill = prev;
+        io0 = storage_read_bytes();
+        uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
+        for (int step = 0; step < o.max_new; step++) {
+            int32_t t = df_sampler_sample(smp, logits, V, hist, (int)nh);
+            if (o.teacher_seed) {
+                tf = tf * 6364136223846793005ull + 1442695040888963407ull;
+                t = (int32_t)((tf >> 33) % (uint64_t)V);
+            }
+            hist[nh++] = t;
+            if (g_bench) {
+                /* no tokens: one JSON line at the end */
+            } else if (o.print_ids) {
+                printf("%s%d", step ? " " : "", t);
+            } else if (!df_is_stop_token(e, t)) {
+                size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
+                fwrite(buf, 1, w, stdout);
+            }
+            fflush(stdout);
+            if (df_is_stop_token(e, t) && !o.teacher_seed) break;
+            if (step + 1 == o.max_new) break;
+            if (df_session_pos(s) + 1 > ctx) {
+                fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
+                break;
+            }
+            double ts0 = now_s();
+            if (df_session_eval(s, &t, 1, logits, 0, &err)) die_err(&err);
+            n_decoded++;
+            df_engine_stats(e, &now);
+            report(ev, o.stats, "token", 1, &prev, &now, now_s() - ts0);
+            prev = now;
         }
-        fflush(stdout);
-        if (df_is_stop_token(e, t) && !o.teacher_seed) break;
-        if (step + 1 == o.max_new) break;
-        if (df_session_pos(s) + 1 > ctx) {
-            fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
-            break;
-        }
-        double ts0 = now_s();
-        if (df_session_eval(s, &t, 1, logits, 0, &err)) die_err(&err);
-        n_decoded++;
-        df_engine_stats(e, &now);
-        report(ev, o.stats, "token", 1, &prev, &now, now_s() - ts0);
-        prev = now;
     }
     double t2 = now_s();
     uint64_t io_dec = storage_read_bytes() - io0;
@@ -592,12 +672,27 @@ static int cmd_run(int argc, char **argv) {
         summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
                 o.ram_budget, io_dec);
         prefetch_report(ev, o.stats, e, &prev);
+        if (sp && o.stats) df_spec_report(sp, stderr);
+        if (sp && ev) {
+            df_spec_stats ss;
+            df_spec_stats_get(sp, &ss);
+            fprintf(ev,
+                    "{\"event\":\"speculative\",\"passes\":%llu,\"verify_passes\":%llu,\"drafted\":%llu,"
+                    "\"accepted\":%llu,\"switched_off\":%llu,\"depth\":%d,\"mean_depth\":%.4f,"
+                    "\"plain_s\":%.6f,\"verify_s\":%.6f,\"plain_bytes\":%.1f,\"verify_bytes\":%.1f,"
+                    "\"speedup\":%.4f}\n",
+                    (unsigned long long)ss.passes, (unsigned long long)ss.verify_passes,
+                    (unsigned long long)ss.drafted, (unsigned long long)ss.accepted,
+                    (unsigned long long)ss.switched_off, ss.depth, ss.mean_depth, ss.plain_s, ss.verify_s,
+                    ss.plain_bytes, ss.verify_bytes, ss.speedup);
+        }
     }
     if (g_bench) {
         summary(stdout, false, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
                 o.ram_budget, io_dec);
         fflush(stdout);
     }
+    df_spec_free(sp);
     if (ev) fclose(ev);
     free(hist);
     free(logits);

@@ -11,3 +11,6 @@ gen engine-moe --arch qwen3_moe --seed 11 --dtype bf16 --vocab 1024 --hidden 96 
     --mlp-only-layers 1 --norm-topk-prob 1 --max-pos 512 --max-shard-size 400000
 gen engine-dense --arch qwen3 --seed 12 --dtype f16 --vocab 1024 --hidden 64 --intermediate 128 \
     --layers 2 --heads 4 --kv-heads 1 --head-dim 16 --tie-embeddings 1 --max-pos 512
+# Speculative decoding: a draft whose vocabulary differs from the targets' (rejected).
+gen draft-v512 --arch qwen3 --seed 13 --dtype f16 --vocab 512 --hidden 32 --intermediate 64 \
+    --layers 1 --heads 2 --kv-heads 1 --head-dim 16 --tie-embeddings 1 --max-pos 512

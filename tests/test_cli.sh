@@ -123,6 +123,54 @@ if "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-
        --prefetch router --prefetch-depth 1 --stats --events "$T/ev" >"$T/out" 2>"$T/err" \
    && grep -q "^prefetch: router, depth 1" "$T/err" && grep -qE "^ +2 +router" "$T/err" \
    && grep -q '"event":"prefetch"' "$T/ev"; then ok prefetch-stats; else bad prefetch-stats "$(tail -5 "$T/err")"; fi
+# ---- speculative decoding: same ids as plain decoding, resident and streamed
+MOE=$MODELS/engine-moe
+if "$ENG" pack --model "$MOE" --out "$T/pack" >"$T/pack.out" 2>&1; then
+    spec_bad=0
+    SLOT=--expert-cache; SLOTV=200K # a few slots: most expert uses read
+    # greedy, and sampling with a seed: the same ids either way
+    for P in "5,17,300,5,17,300,5,17,42 --temp 0" "33,44,55,66,77,33,44,55,66,77,33,44 --temp 0.9 --seed 4"; do
+        for src in resident streamed; do
+            extra=(); [ $src = streamed ] && extra=(--experts "$T/pack" $SLOT $SLOTV)
+            "$ENG" run --model "$MOE" --threads 2 --prompt-tokens $P --max-new 40 --print-ids "${extra[@]}" >"$T/plain" 2>"$T/err" \
+                || { bad "spec-plain-$src" "$(head -c 300 "$T/err")"; continue; }
+            for d in lookup "$MOE" "$MODELS/engine-dense"; do
+                for k in "--draft-fixed 3" "--draft-k 2 --lookup-n 1"; do
+                    "$ENG" run --model "$MOE" --threads 2 --prompt-tokens $P --max-new 40 --print-ids "${extra[@]}" \
+                        --draft "$d" $k >"$T/spec" 2>"$T/err"
+                    if ! cmp -s "$T/plain" "$T/spec"; then
+                        spec_bad=1
+                        bad "spec-identical" "prompt $P $src draft $(basename "$d") $k: $(cat "$T/spec") vs $(cat "$T/plain") $(head -c 200 "$T/err")"
+                        continue 2
+                    fi
+                done
+            done
+        done
+    done
+    [ $spec_bad -eq 0 ] && ok spec-identical-run
+    "$ENG" run --model "$MOE" --prompt-tokens 5,17,300,5,17,300,5,17 --max-new 30 --temp 0 --draft "$MOE" --stats >"$T/out" 2>"$T/err"
+    if grep -q "^speculative (draft model): .*accepted" "$T/err" && grep -q "speed-up" "$T/err"; then ok spec-stats
+    else bad spec-stats "$(tail -4 "$T/err")"; fi
+    # rejection sampling: a seed reproduces at a fixed depth
+    a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 20 --temp 0.9 --seed 3 --print-ids --draft "$MODELS/engine-dense" --draft-rejection --draft-fixed 2 2>&1)
+    b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 20 --temp 0.9 --seed 3 --print-ids --draft "$MODELS/engine-dense" --draft-rejection --draft-fixed 2 2>&1)
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok spec-rejection-seed || bad spec-rejection-seed "'$a' vs '$b'"
+else
+    bad spec-pack "$(tail -3 "$T/pack.out")"
+fi
+expect_error spec-vocab-mismatch "vocabulary of 512 tokens" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 2 --draft "$MODELS/draft-v512"
+copy_model; $PY - "$T/m/tokenizer.json" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; t = json.load(open(p)); v = t["model"]["vocab"]
+a = next(k for k, i in v.items() if i == 10); b = next(k for k, i in v.items() if i == 11)
+v[a], v[b] = 11, 10
+json.dump(t, open(p, "w"))
+PYEOF
+expect_error spec-tokenizer-mismatch "token id 10 differs" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 2 --draft "$T/m"
+expect_error spec-missing-draft "/no/such/draft" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 2 --draft /no/such/draft
+expect_error spec-k-range "--draft-k expects an integer in 1..16" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --draft-k 0
+expect_error spec-k-needs-draft "need --draft" "$ENG" run --model "$MOE" --prompt-tokens 1 --lookup-n 2
+expect_error spec-teacher "cannot be combined" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

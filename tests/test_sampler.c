@@ -612,9 +612,82 @@ static void test_fast_path_matches_full_sort(void **st) {
     free(it);
 }
 
+/* df_sampler_probs is the distribution df_sampler_sample draws from: for each
+ * pipeline setting, 20000 draws fit it by chi-square (p = 1e-6 critical value),
+ * it sums to 1, and it leaves the random stream alone. */
+static void test_probs_match_draws(void **state) {
+    (void)state;
+    enum { NV = 3000, DRAWS = 20000 };
+    static float base[NV], lg[NV], pr[NV];
+    static int cnt[NV];
+    uint32_t x = 4242;
+    for (int i = 0; i < NV; i++) {
+        x = x * 1664525u + 1013904223u;
+        base[i] = (float)((x >> 8) % 10000) / 1000.0f;
+    }
+    int32_t hist[6] = {1, 2, 3, 2, 2500, 7};
+    df_sampler_params cases[4];
+    for (int c = 0; c < 4; c++) df_sampler_params_default(&cases[c]);
+    cases[0].temperature = 0.7f, cases[0].top_k = 50;
+    cases[1].temperature = 1.0f, cases[1].top_p = 0.9f, cases[1].repeat_penalty = 1.5f;
+    cases[2].temperature = 1.3f, cases[2].min_p = 0.05f;
+    cases[3].temperature = 0.9f, cases[3].top_k = 200, cases[3].top_p = 0.95f, cases[3].min_p = 0.01f,
+    cases[3].repeat_penalty = 0.8f;
+    for (int c = 0; c < 4; c++) {
+        df_sampler *s, *s2;
+        df_error err;
+        cases[c].seed = 99 + (uint64_t)c;
+        assert_int_equal(df_sampler_new(&s, &cases[c], &err), DF_OK);
+        assert_int_equal(df_sampler_new(&s2, &cases[c], &err), DF_OK);
+        memcpy(lg, base, sizeof lg);
+        assert_int_equal(df_sampler_probs(s, lg, NV, hist, 6, pr), 0);
+        double sum = 0.0;
+        for (int i = 0; i < NV; i++) sum += pr[i];
+        assert_true(fabs(sum - 1.0) < 1e-4);
+        memset(cnt, 0, sizeof cnt);
+        for (int d = 0; d < DRAWS; d++) {
+            memcpy(lg, base, sizeof lg);
+            int32_t t = df_sampler_sample(s, lg, NV, hist, 6);
+            memcpy(lg, base, sizeof lg);
+            assert_int_equal(df_sampler_sample(s2, lg, NV, hist, 6), t); /* probs drew nothing */
+            assert_true(pr[t] > 0.0f);
+            cnt[t]++;
+        }
+        double chi = 0.0, other_e = 0.0, other_o = 0.0;
+        int df = -1;
+        for (int i = 0; i < NV; i++) {
+            double e = pr[i] * DRAWS;
+            if (e < 5) {
+                other_e += e;
+                other_o += cnt[i];
+                continue;
+            }
+            chi += (cnt[i] - e) * (cnt[i] - e) / e;
+            df++;
+        }
+        if (other_e >= 5) chi += (other_o - other_e) * (other_o - other_e) / other_e, df++;
+        assert_true(df >= 1);
+        double h = 2.0 / (9.0 * df), crit = df * pow(1.0 - h + 4.753 * sqrt(h), 3);
+        if (chi >= crit) fail_msg("case %d: chi2 %.1f >= %.1f (df %d)", c, chi, crit, df);
+        df_sampler_free(s);
+        df_sampler_free(s2);
+    }
+    /* greedy: one-hot at the argmax */
+    df_sampler *g;
+    df_error err;
+    assert_int_equal(df_sampler_new(&g, NULL, &err), DF_OK);
+    memcpy(lg, base, sizeof lg);
+    assert_int_equal(df_sampler_probs(g, lg, NV, NULL, 0, pr), 0);
+    memcpy(lg, base, sizeof lg);
+    int32_t am = df_sampler_sample(g, lg, NV, NULL, 0);
+    for (int i = 0; i < NV; i++) assert_true(pr[i] == (i == am ? 1.0f : 0.0f));
+    df_sampler_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_probs_match_draws),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_seed),

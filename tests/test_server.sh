@@ -325,6 +325,66 @@ q=$(curl -s -H 'Authorization: Bearer sekrit' "$U2/metrics" | sed -n 's/^deltafi
 "$ENG" serve --model "$MODEL" --host 0.0.0.0 --port "$PORT2" >"$T/bind.out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--api-key" "$T/bind.out" && ok refuse-public-bind || bad refuse-public-bind "$(cat "$T/bind.out")"
 
+# ---- speculative decoding (--draft): the same greedy text as the plain server,
+# for prompt lookup and for the target as its own draft (every draft accepted)
+REP="785,3974,13876,38835,785,3974,13876,38835,785,3974"
+spec_bodies=(
+    "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":24,\"temperature\":0}"
+    "{\"model\":\"m\",\"prompt\":[$REP],\"max_tokens\":40,\"temperature\":0}"
+    "{\"model\":\"m\",\"prompt\":[$REP],\"max_tokens\":30,\"temperature\":0,\"frequency_penalty\":0.7,\"presence_penalty\":0.3}"
+    "{\"model\":\"m\",\"prompt\":[$IDS],\"max_tokens\":30,\"temperature\":0,\"stop\":[\"e\"]}"
+    '{"model":"m","messages":[{"role":"user","content":"count: 1 2 3 1 2 3 1 2"}],"max_tokens":24,"temperature":0}'
+)
+summary_py='json.dumps([d["choices"][0].get("text", d["choices"][0].get("message", {}).get("content")), d["choices"][0]["finish_reason"], d["usage"]["completion_tokens"]])'
+want=()
+for b in "${spec_bodies[@]}"; do
+    path=/v1/completions; case "$b" in *messages*) path=/v1/chat/completions;; esac
+    post "$path" "$b" >/dev/null
+    want+=("$(jq_py "$summary_py")")
+done
+PORT3=$((PORT + 2000))
+# (lookup at a fixed depth, so that drafts are checked whatever the gate would say)
+for draft in lookup "$MODEL"; do
+    name=spec-self; fixed=(); [ "$draft" = lookup ] && name=spec-lookup fixed=(--draft-fixed 3)
+    start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 "${fixed[@]}" || { bad "$name" "did not start"; continue; }
+    S3=$SPID
+    U3=http://127.0.0.1:$PORT3
+    same=1
+    for i in "${!spec_bodies[@]}"; do
+        b=${spec_bodies[$i]}
+        path=/v1/completions; case "$b" in *messages*) path=/v1/chat/completions;; esac
+        st=$(curl -s -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$U3$path" --data-binary "$b")
+        got=$(jq_py "$summary_py")
+        if [ "$st" != 200 ] || [ -z "$got" ] || [ "$got" != "${want[$i]}" ]; then
+            bad "$name-$i" "status $st: $got vs plain ${want[$i]}"; same=0
+        fi
+    done
+    [ $same = 1 ] && ok "$name-identical"
+    # streamed: the same text
+    curl -s -N -o "$T/sse3" -H 'Content-Type: application/json' "$U3/v1/completions" \
+        --data-binary "{\"model\":\"m\",\"prompt\":[$REP],\"max_tokens\":40,\"temperature\":0,\"stream\":true}"
+    $PY - "$T/sse3" "${want[1]}" <<'EOF' && ok "$name-stream" || bad "$name-stream" "streamed text differs"
+import json, sys
+ev = [json.loads(e[6:]) for e in open(sys.argv[1], "rb").read().split(b"\n\n") if e.startswith(b"data: {")]
+text = "".join(o["choices"][0]["text"] for o in ev if o["choices"])
+sys.exit(0 if text == json.loads(sys.argv[2])[0] else 1)
+EOF
+    seeded='{"model":"m","prompt":"Once upon a time","max_tokens":12,"temperature":1,"seed":7}'
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U3/v1/completions" --data-binary "$seeded"; a=$(jq_py 'd["choices"][0]["text"]')
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U3/v1/completions" --data-binary "$seeded"; b=$(jq_py 'd["choices"][0]["text"]')
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok "$name-seed" || bad "$name-seed" "'$a' vs '$b'"
+    curl -s "$U3/metrics" >"$T/metrics3"
+    dr=$(sed -n 's/^deltafin_spec_drafted_tokens_total \([0-9]*\)$/\1/p' "$T/metrics3")
+    ac=$(sed -n 's/^deltafin_spec_accepted_tokens_total \([0-9]*\)$/\1/p' "$T/metrics3")
+    if [ "${dr:-0}" -gt 0 ] && [ "${ac:-0}" -gt 0 ]; then ok "$name-metrics"; else bad "$name-metrics" "drafted '$dr' accepted '$ac'"; fi
+    kill -TERM "$S3"; rc3=0; wait "$S3" || rc3=$?
+    PIDS=("${PIDS[@]/$S3}")
+    if [ $rc3 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s3.log"; then ok "$name-shutdown"
+    else bad "$name-shutdown" "exit $rc3: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s3.log" | head -30)"; fi
+done
+"$ENG" serve --model "$MODEL" --port "$PORT3" --draft "$T/nonexistent-draft" >"$T/bad3.out" 2>&1
+[ $? -eq 2 ] && grep -q "nonexistent-draft" "$T/bad3.out" && ok spec-bad-draft || bad spec-bad-draft "$(cat "$T/bad3.out")"
+
 # ---- metrics and clean shutdown (no leak or sanitizer report)
 curl -s "$U/metrics" >"$T/metrics"
 for k in 'deltafin_requests_total{endpoint="/v1/completions",status="200"}' 'deltafin_requests_total{endpoint="/v1/chat/completions",status="400"}' \

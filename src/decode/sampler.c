@@ -52,6 +52,7 @@
  * greedy without the penalty (it has no way to report an error). It returns -1
  * only for a NULL sampler/logits or vocab <= 0.
  */
+#include "decode/sampler.h"
 #include "util/util.h"
 
 #include <float.h>
@@ -357,10 +358,11 @@ static inline const cand_item *stream_at(stream *st, int i) {
     return &st->items[i];
 }
 
-/* Steps 5-8 over n candidates in id order (cand == NULL: ids 0..n-1) of sanitized
- * logits, at least one of them finite. */
-static int32_t sample_candidates(df_sampler *s, const float *logits, const int32_t *cand,
-                                 int n) {
+/* Steps 5-7 over n candidates in id order (cand == NULL: ids 0..n-1) of sanitized
+ * logits, at least one of them finite: leaves the sorted-order stream in *st and
+ * says how many of its items are kept (*m) and their total weight (*mass). */
+static void keep_set(df_sampler *s, const float *logits, const int32_t *cand, int n, stream *st,
+                     int *m_out, double *mass_out) {
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
         float l = logits[cand ? cand[j] : j];
@@ -376,25 +378,25 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
     }
 
     double top_p = s->p.top_p, min_p = s->p.min_p;
-    stream st = {s->items, s->items_tmp, s->w, logits, cand, n, 0, 0.0, false};
+    *st = (stream){s->items, s->items_tmp, s->w, logits, cand, n, 0, 0.0, false};
     if (n > 1024) {
         /* Everything below t together weighs < n * t. Keep that under half of what
          * top-p cuts (so the nucleus lies in the head) and under 1e-4 of the mass
          * (so a draw rarely needs the tail); min-p never keeps anything below it. */
         double frac = top_p < 1.0 ? (1.0 - top_p) * 0.5 : 0.0;
         if (frac < 1e-4) frac = 1e-4;
-        st.t = frac * total / n;
-        if (min_p > st.t) st.t = min_p;
+        st->t = frac * total / n;
+        if (min_p > st->t) st->t = min_p;
     }
-    stream_gather(&st, true);
-    st.has_tail = st.n_ready < n_pos;
+    stream_gather(st, true);
+    st->has_tail = st->n_ready < n_pos;
 
     /* keep items[0..m) of the sorted order; items[0] is the max, w == 1 */
     int m = n_pos;
     if (top_p < 1.0) {
         double target = top_p * total, cum = 0.0;
         for (int i = 0; i < n_pos; i++) {
-            cum += stream_at(&st, i)->w;
+            cum += stream_at(st, i)->w;
             if (cum >= target) {
                 m = i + 1;
                 break;
@@ -404,8 +406,8 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
     if (min_p > 0.0) {
         int i = 1;
         while (i < m) {
-            if (i >= st.n_ready && st.t <= min_p) break; /* the tail is all below t */
-            if (stream_at(&st, i)->w < min_p) break;
+            if (i >= st->n_ready && st->t <= min_p) break; /* the tail is all below t */
+            if (stream_at(st, i)->w < min_p) break;
             i++;
         }
         m = i;
@@ -414,9 +416,20 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
     double mass = total;
     if (m < n_pos) {
         mass = 0.0;
-        for (int i = 0; i < m; i++) mass += st.items[i].w;
+        for (int i = 0; i < m; i++) mass += st->items[i].w;
     }
-    double r = uniform01(s->rng) * mass, cum = 0.0;
+    *m_out = m;
+    *mass_out = mass;
+}
+
+/* Step 8: one draw from the kept set. */
+static int32_t sample_candidates(df_sampler *s, const float *logits, const int32_t *cand,
+                                 int n, const double *u) {
+    stream st;
+    int m;
+    double mass;
+    keep_set(s, logits, cand, n, &st, &m, &mass);
+    double r = (u ? *u : uniform01(s->rng)) * mass, cum = 0.0;
     for (int i = 0; i < m; i++) {
         const cand_item *it = stream_at(&st, i);
         cum += it->w;
@@ -426,8 +439,9 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
     return st.items[m - 1].id;
 }
 
-int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab, const int32_t *history,
-                          int n_history) {
+/* df_sampler_sample, drawing with *u instead of the next uniform when u is set. */
+static int32_t sample_u(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                        int n_history, const double *u) {
     if (!s || !logits || vocab <= 0) return -1;
     bool penalize = s->p.repeat_penalty != 1.0f && history && n_history > 0;
     if (s->p.temperature == 0.0f && !penalize) return argmax(logits, vocab);
@@ -448,7 +462,70 @@ int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab, const int32_t
         select_top_k(logits, vocab, s->p.top_k, s->cand);
         /* id order, so that sums do not depend on how the heap happened to lie */
         qsort(s->cand, (size_t)s->p.top_k, sizeof *s->cand, cmp_id);
-        return sample_candidates(s, logits, s->cand, s->p.top_k);
+        return sample_candidates(s, logits, s->cand, s->p.top_k, u);
     }
-    return sample_candidates(s, logits, NULL, vocab);
+    return sample_candidates(s, logits, NULL, vocab, u);
 }
+
+int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                          int n_history) {
+    return sample_u(s, logits, vocab, history, n_history, NULL);
+}
+
+int32_t df_sampler_sample_at(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                             int n_history, int ahead) {
+    if (!s || s->p.temperature == 0.0f) return sample_u(s, logits, vocab, history, n_history, NULL);
+    uint64_t st[4];
+    memcpy(st, s->rng, sizeof st);
+    double u = 0.0;
+    for (int i = 0; i <= ahead; i++) u = uniform01(st);
+    return sample_u(s, logits, vocab, history, n_history, &u);
+}
+
+
+/* Steps 1-7 as df_sampler_sample takes them (same code), ending in the
+ * probability of every id instead of a draw: what speculative verification
+ * needs to accept or reject a drafted token without changing the distribution. */
+int df_sampler_probs(df_sampler *s, float *logits, int vocab, const int32_t *history,
+                     int n_history, float *probs) {
+    if (!s || !logits || !probs || vocab <= 0) return -1;
+    memset(probs, 0, (size_t)vocab * sizeof *probs);
+    if (!reserve(s, vocab)) return -1;
+    apply_penalty(s, logits, vocab, history, n_history);
+    if (s->p.temperature == 0.0f) {
+        probs[argmax(logits, vocab)] = 1.0f;
+        return 0;
+    }
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        float l = logits[i];
+        if (isnan(l)) logits[i] = l = -INFINITY;
+        else if (l > FLT_MAX) logits[i] = l = FLT_MAX;
+        if (l > mx) mx = l;
+    }
+    if (mx == -INFINITY) {
+        probs[0] = 1.0f;
+        return 0;
+    }
+    const int32_t *cand = NULL;
+    int n = vocab;
+    if (s->p.top_k > 0 && s->p.top_k < vocab) {
+        select_top_k(logits, vocab, s->p.top_k, s->cand);
+        qsort(s->cand, (size_t)s->p.top_k, sizeof *s->cand, cmp_id);
+        cand = s->cand;
+        n = s->p.top_k;
+    }
+    stream st;
+    int m;
+    double mass;
+    keep_set(s, logits, cand, n, &st, &m, &mass);
+    for (int i = 0; i < m; i++) {
+        const cand_item *it = stream_at(&st, i);
+        probs[it->id] = (float)(it->w / mass);
+    }
+    return 0;
+}
+
+double df_sampler_uniform(df_sampler *s) { return uniform01(s->rng); }
+
+bool df_sampler_is_greedy(const df_sampler *s) { return s->p.temperature == 0.0f; }

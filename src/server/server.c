@@ -45,9 +45,9 @@
 /* ---- options ---------------------------------------------------------------- */
 
 typedef struct srv_opts {
-    const char *model, *experts, *isa, *policy, *host, *api_key, *prefetch;
+    const char *model, *experts, *isa, *policy, *host, *api_key, *prefetch, *draft;
     uint64_t ram_budget, pin, expert_cache, max_body;
-    int threads, ctx, port, queue, prefetch_depth;
+    int threads, ctx, port, queue, prefetch_depth, draft_k, lookup_n, draft_fixed;
     bool insecure_bind;
 } srv_opts;
 
@@ -74,7 +74,13 @@ static const char SERVE_HELP[] =
     "  --policy P           expert cache policy: deltafin (default) or lru\n"
     "  --prefetch MODE      expert read-ahead: off (default), on, router, prev\n"
     "  --prefetch-depth N   MoE layers ahead the router lookahead runs (1..8)\n"
-    "  --pin SIZE           pinned tier of hottest experts read at start-up\n";
+    "  --pin SIZE           pinned tier of hottest experts read at start-up\n"
+    "  --draft DIR|lookup   speculative decoding for every request, same output as\n"
+    "                       without (greedy; sampling: same distribution): a draft\n"
+    "                       checkpoint sharing the tokenizer, or prompt lookup\n"
+    "  --draft-k N          most tokens drafted per pass (1..16, default 8)\n"
+    "  --lookup-n N         lookup: longest n-gram matched (1..16, default 3)\n"
+    "  --draft-fixed N      measurement and tests: always draft N tokens, no gate\n";
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -124,7 +130,8 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
                                             "--ram-budget", "--expert-cache", "--policy", "--pin",
-                                            "--prefetch", "--prefetch-depth", NULL};
+                                            "--prefetch", "--prefetch-depth",
+                                            "--draft", "--draft-k", "--lookup-n", "--draft-fixed", NULL};
         bool ok = false;
         for (int k = 0; known[k]; k++) ok |= !strcmp(a, known[k]);
         if (!ok) die("unknown option '%s' for this command (see --help)", a);
@@ -148,7 +155,13 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
         else if (!strcmp(a, "--prefetch")) o->prefetch = v;
         else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)parse_long(a, v, 1, 8);
+        else if (!strcmp(a, "--draft")) o->draft = v;
+        else if (!strcmp(a, "--draft-k")) o->draft_k = (int)parse_long(a, v, 1, 16);
+        else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)parse_long(a, v, 1, 16);
+        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)parse_long(a, v, 1, 16);
     }
+    if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed))
+        die("--draft-k, --lookup-n and --draft-fixed need --draft");
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
 }
 
@@ -187,6 +200,7 @@ static const int STATUSES[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 static struct {
     srv_opts o;
     df_engine *eng;
+    df_spec *spec; /* NULL without --draft; used by the worker only */
     const df_model_info *info;
     char model_id[256];
     int ctx;
@@ -203,6 +217,7 @@ static struct {
     uint64_t gen_tokens, prompt_tokens, reused_tokens, cancelled, rejected_full;
     double last_tps;
     df_stats stats;
+    df_spec_stats spec_stats;
 } S;
 
 static long long now_unix(void) { return (long long)time(NULL); }
@@ -242,7 +257,7 @@ typedef struct worker {
     int32_t *cached; /* the tokens whose keys/values the session holds */
     int n_cached;
     float *logits;
-    int32_t *counts; /* per-token count among generated tokens (penalties) */
+    int32_t *counts; /* scratch: per-token count among generated tokens (penalties) */
     int32_t *gen;    /* generated ids this request */
     char *text;      /* generated text this request */
     size_t text_len, text_cap;
@@ -419,6 +434,77 @@ static int32_t *prompt_ids(job *j, size_t *n_out) {
     return ids;
 }
 
+/* OpenAI presence/frequency penalties over the generated tokens gen[0..n),
+ * once per distinct token; counts is all zero before and after. */
+static void apply_penalties(const srv_request *r, int32_t *counts, float *logits, const int32_t *gen, int n) {
+    if (r->presence_penalty == 0 && r->frequency_penalty == 0) return;
+    for (int i = 0; i < n; i++) counts[gen[i]]++;
+    for (int i = 0; i < n; i++) {
+        int32_t t = gen[i];
+        if (counts[t] == 0) continue; /* already applied for this id */
+        logits[t] -= (float)(r->presence_penalty + r->frequency_penalty * counts[t]);
+        counts[t] = 0;
+    }
+}
+
+/* The same penalties on every row speculative decoding looks at: the row's
+ * history past the prompt is what would have been generated before it. */
+typedef struct penalty_ctx {
+    const srv_request *r;
+    int32_t *counts;
+    int n_prompt;
+} penalty_ctx;
+
+static void penalty_hook(void *user, float *logits, int vocab, const int32_t *history, int n_history) {
+    (void)vocab;
+    penalty_ctx *pc = user;
+    if (n_history > pc->n_prompt)
+        apply_penalties(pc->r, pc->counts, logits, history + pc->n_prompt, n_history - pc->n_prompt);
+}
+
+/* Generation state of one request. */
+typedef struct gen_state {
+    df_text_stream ts;
+    size_t emitted;
+    int produced;
+    bool stopped, failed;
+    const char *finish;
+} gen_state;
+
+/* Takes one generated token: stop token, text, stop strings, streaming.
+ * Returns false when generation ends with it. */
+static bool take_token(worker *w, job *j, gen_state *g, int32_t t) {
+    const srv_request *r = &j->req;
+    char buf[4096];
+    w->gen[g->produced++] = t;
+    if (df_is_stop_token(S.eng, t)) {
+        g->finish = "stop";
+        return false;
+    }
+    const char *tb;
+    size_t tl;
+    if (df_token_bytes(S.eng, t, &tb, &tl) == 0 && tl + 16 <= sizeof buf) {
+        size_t m = df_text_stream_push(S.eng, &g->ts, t, buf, sizeof buf);
+        if (!append_text(w, buf, m)) {
+            g->failed = true;
+            job_fail(j, 500, NULL, "out of memory");
+            return false;
+        }
+    }
+    long at = find_stop(w, r, g->emitted);
+    if (at >= 0) {
+        emit(w, j, g->emitted, (size_t)at);
+        g->emitted = w->text_len = (size_t)at;
+        g->stopped = true;
+        g->finish = "stop";
+        return false;
+    }
+    size_t safe = w->text_len - holdback(w, r, g->emitted);
+    emit(w, j, g->emitted, safe);
+    g->emitted = safe;
+    return true;
+}
+
 static void run_job(worker *w, job *j) {
     const srv_request *r = &j->req;
     const char *pparam = r->kind == SRV_CHAT ? "messages" : "prompt";
@@ -468,26 +554,27 @@ static void run_job(worker *w, job *j) {
     if (r->stream && r->kind == SRV_CHAT) push_chunk(j, "", 0, NULL, true);
 
     /* Prompt-prefix reuse: keep the cached rows the new prompt shares, but
-     * always evaluate at least its last token (its logits are needed). */
+     * always evaluate at least its last token (its logits are needed). With
+     * --draft the first speculative step evaluates that last token itself. */
     size_t L = 0;
     while (L < n && L < (size_t)w->n_cached && w->cached[L] == ids[L]) L++;
     if (L == n) L = n - 1;
-    const char *finish = "length";
-    int produced = 0, V = S.info->vocab_size;
+    size_t n_pre = S.spec ? n - 1 : n;
+    gen_state g = {.finish = "length"};
+    int V = S.info->vocab_size;
     w->text_len = 0;
-    bool failed = false;
     if (df_session_truncate(w->sess, (int)L, &err)) {
-        failed = true;
+        g.failed = true;
         w->n_cached = 0;
         df_session_truncate(w->sess, 0, &err);
         job_fail(j, 500, NULL, "%s", err.msg);
     }
-    if (!failed) w->n_cached = (int)L;
-    for (size_t i = L; !failed && i < n; i += PREFILL_CHUNK) {
+    if (!g.failed) w->n_cached = (int)L;
+    for (size_t i = L; !g.failed && i < n_pre; i += PREFILL_CHUNK) {
         if (job_cancelled(j)) break;
-        int k = (int)(n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK);
+        int k = (int)(n_pre - i < PREFILL_CHUNK ? n_pre - i : PREFILL_CHUNK);
         if (df_session_eval(w->sess, ids + i, k, w->logits, 0, &err)) {
-            failed = true;
+            g.failed = true;
             job_fail(j, 500, NULL, "%s", err.msg);
             break;
         }
@@ -499,74 +586,63 @@ static void run_job(worker *w, job *j) {
     S.prompt_tokens += n;
     pthread_mutex_unlock(&S.mu);
 
-    df_text_stream ts = {0};
-    char buf[4096];
-    size_t emitted = 0;
-    bool stopped = false;
     double t0 = now_s();
     int evals = 0;
-    while (!failed && w->n_cached == (int)n + produced && !job_cancelled(j)) {
-        if (produced >= max_new) break;
-        /* OpenAI penalties over the generated tokens, before sampling */
-        if (r->presence_penalty != 0 || r->frequency_penalty != 0)
-            for (int i = 0; i < produced; i++) {
-                int32_t t = w->gen[i];
-                if (w->counts[t] < 0) continue; /* already applied for this id */
-                w->logits[t] -= (float)(r->presence_penalty + r->frequency_penalty * w->counts[t]);
-                w->counts[t] = -w->counts[t];
-            }
-        for (int i = 0; i < produced; i++)
-            if (w->counts[w->gen[i]] < 0) w->counts[w->gen[i]] = -w->counts[w->gen[i]];
-        int32_t t = df_sampler_sample(smp, w->logits, V, ids, 0);
-        if (t < 0 || t >= V) t = 0;
-        w->gen[produced++] = t;
-        w->counts[t]++;
-        if (df_is_stop_token(S.eng, t)) {
-            finish = "stop";
-            break;
-        }
-        const char *tb;
-        size_t tl;
-        if (df_token_bytes(S.eng, t, &tb, &tl) == 0 && tl + 16 <= sizeof buf) {
-            size_t m = df_text_stream_push(S.eng, &ts, t, buf, sizeof buf);
-            if (!append_text(w, buf, m)) {
-                failed = true;
-                job_fail(j, 500, NULL, "out of memory");
+    if (S.spec) {
+        /* w->cached holds the session's tokens and, one past them, the token
+         * the next step evaluates first: together the history. */
+        penalty_ctx pc = {r, w->counts, (int)n};
+        df_spec_set_logits_hook(S.spec, penalty_hook, &pc);
+        if (w->n_cached == (int)n - 1) w->cached[w->n_cached] = ids[n - 1];
+        bool more = true;
+        while (more && !g.failed && w->n_cached == (int)n - 1 + g.produced && !job_cancelled(j) &&
+               g.produced < max_new) {
+            int32_t got[17];
+            int ng;
+            if (df_spec_step(S.spec, w->sess, smp, w->cached, w->n_cached + 1, got, max_new - g.produced, &ng,
+                             &err)) {
+                g.failed = true;
+                job_fail(j, 500, NULL, "%s", err.msg);
                 break;
             }
+            evals += ng;
+            memcpy(w->cached + w->n_cached + 1, got, (size_t)ng * sizeof *got);
+            w->n_cached += ng;
+            for (int i = 0; i < ng && more; i++) more = take_token(w, j, &g, got[i]);
         }
-        long at = find_stop(w, r, emitted);
-        if (at >= 0) {
-            emit(w, j, emitted, (size_t)at);
-            emitted = w->text_len = (size_t)at;
-            stopped = true;
-            finish = "stop";
-            break;
+        df_spec_set_logits_hook(S.spec, NULL, NULL);
+    } else {
+        while (!g.failed && w->n_cached == (int)n + g.produced && !job_cancelled(j)) {
+            if (g.produced >= max_new) break;
+            apply_penalties(r, w->counts, w->logits, w->gen, g.produced);
+            int32_t t = df_sampler_sample(smp, w->logits, V, ids, 0);
+            if (t < 0 || t >= V) t = 0;
+            if (!take_token(w, j, &g, t)) break;
+            if (g.produced >= max_new) break;
+            if (df_session_eval(w->sess, &t, 1, w->logits, 0, &err)) {
+                g.failed = true;
+                job_fail(j, 500, NULL, "%s", err.msg);
+                break;
+            }
+            evals++;
+            w->cached[w->n_cached++] = t;
         }
-        size_t safe = w->text_len - holdback(w, r, emitted);
-        emit(w, j, emitted, safe);
-        emitted = safe;
-        if (produced >= max_new) break;
-        if (df_session_eval(w->sess, &t, 1, w->logits, 0, &err)) {
-            failed = true;
-            job_fail(j, 500, NULL, "%s", err.msg);
-            break;
-        }
-        evals++;
-        w->cached[w->n_cached++] = t;
     }
     double dt = now_s() - t0;
-    if (!failed && !stopped) {
-        size_t m = df_text_stream_flush(&ts, buf, sizeof buf);
+    bool failed = g.failed;
+    int produced = g.produced;
+    const char *finish = g.finish;
+    if (!failed && !g.stopped) {
+        char buf[64];
+        size_t m = df_text_stream_flush(&g.ts, buf, sizeof buf);
         append_text(w, buf, m);
-        long at = find_stop(w, r, emitted);
+        long at = find_stop(w, r, g.emitted);
         if (at >= 0) {
             w->text_len = (size_t)at;
             finish = "stop";
         }
-        emit(w, j, emitted, w->text_len);
+        emit(w, j, g.emitted, w->text_len);
     }
-    for (int i = 0; i < produced; i++) w->counts[w->gen[i]] = 0;
     bool cancelled = job_cancelled(j);
     if (failed) {
         /* the session may hold rows we did not record: start clean next time */
@@ -576,8 +652,11 @@ static void run_job(worker *w, job *j) {
 
     df_stats st;
     df_engine_stats(S.eng, &st);
+    df_spec_stats sst = {0};
+    if (S.spec) df_spec_stats_get(S.spec, &sst);
     pthread_mutex_lock(&S.mu);
     S.stats = st;
+    S.spec_stats = sst;
     S.gen_tokens += (uint64_t)produced;
     if (evals > 0 && dt > 0) S.last_tps = produced / dt;
     if (cancelled) S.cancelled++;
@@ -949,6 +1028,18 @@ static enum MHD_Result handle_metrics(conn *c) {
             (unsigned long long)S.rejected_full, S.n_waiting, S.running ? 1 : 0,
             (unsigned long long)S.stats.expert_hits, (unsigned long long)S.stats.expert_misses,
             (unsigned long long)S.stats.expert_bytes_read);
+    if (S.spec)
+        fprintf(f,
+                "# HELP deltafin_spec_drafted_tokens_total Tokens proposed by the drafter and checked.\n"
+                "# TYPE deltafin_spec_drafted_tokens_total counter\ndeltafin_spec_drafted_tokens_total %llu\n"
+                "# HELP deltafin_spec_accepted_tokens_total Drafted tokens the target accepted.\n"
+                "# TYPE deltafin_spec_accepted_tokens_total counter\ndeltafin_spec_accepted_tokens_total %llu\n"
+                "# HELP deltafin_spec_verify_passes_total Target passes that checked drafted tokens.\n"
+                "# TYPE deltafin_spec_verify_passes_total counter\ndeltafin_spec_verify_passes_total %llu\n"
+                "# HELP deltafin_spec_depth Tokens the gate would draft now (0: drafting off).\n"
+                "# TYPE deltafin_spec_depth gauge\ndeltafin_spec_depth %d\n",
+                (unsigned long long)S.spec_stats.drafted, (unsigned long long)S.spec_stats.accepted,
+                (unsigned long long)S.spec_stats.verify_passes, S.spec_stats.depth);
     pthread_mutex_unlock(&S.mu);
     fclose(f);
     enum MHD_Result rc = send_buf(c, 200, "text/plain; version=0.0.4", buf, len, NULL);
@@ -1093,6 +1184,15 @@ int df_serve_main(int argc, char **argv) {
         return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
     }
     S.info = df_engine_info(S.eng);
+    if (o->draft) {
+        df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .lookup_n = o->lookup_n,
+                           .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed};
+        if (df_spec_new(&S.spec, S.eng, &so, &err)) {
+            fprintf(stderr, "deltafin: %s\n", err.msg);
+            df_engine_close(S.eng);
+            return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
+        }
+    }
     S.ctx = o->ctx ? o->ctx : (S.info->max_context < 4096 ? S.info->max_context : 4096);
     if (S.ctx > S.info->max_context) S.ctx = S.info->max_context;
     const char *base = strrchr(o->model, '/');
@@ -1127,6 +1227,7 @@ int df_serve_main(int argc, char **argv) {
         pthread_cond_broadcast(&S.work_cv);
         pthread_mutex_unlock(&S.mu);
         pthread_join(wt, NULL);
+        df_spec_free(S.spec);
         df_engine_close(S.eng);
         return 1;
     }
@@ -1150,6 +1251,7 @@ int df_serve_main(int argc, char **argv) {
         S.head = j->next;
         job_release(j);
     }
+    df_spec_free(S.spec);
     df_engine_close(S.eng);
     pthread_cond_destroy(&S.work_cv);
     pthread_mutex_destroy(&S.mu);
