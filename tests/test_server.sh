@@ -322,6 +322,15 @@ st=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Authorization: Bear
 [ "$st" = 200 ] && ok queue-drains-after-cancel || bad queue-drains-after-cancel "status $st"
 q=$(curl -s -H 'Authorization: Bearer sekrit' "$U2/metrics" | sed -n 's/^deltafin_queue_length \([0-9]*\)$/\1/p')
 [ "$q" = 0 ] && ok metrics-queue || bad metrics-queue "queue length '$q'"
+# SIGTERM during a long generation stops the server promptly (the running job is cancelled)
+curl -s -o /dev/null -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' "$U2/v1/completions" --data-binary "$SLOW" &
+slowc=$!
+sleep 1
+S2=$SPID
+kill -TERM "$S2"
+for _ in $(seq 100); do kill -0 "$S2" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$S2" 2>/dev/null; then bad sigterm-while-generating "still running 10 s after SIGTERM"; kill -9 "$S2"; else ok sigterm-while-generating; fi
+kill "$slowc" 2>/dev/null; wait "$slowc" 2>/dev/null
 "$ENG" serve --model "$MODEL" --host 0.0.0.0 --port "$PORT2" >"$T/bind.out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--api-key" "$T/bind.out" && ok refuse-public-bind || bad refuse-public-bind "$(cat "$T/bind.out")"
 

@@ -211,6 +211,7 @@ static struct {
     job *head, *tail;
     int n_waiting;
     bool running, stopping;
+    job *current;       /* the job the worker is running, or NULL */
 
     /* metrics (under mu) */
     uint64_t requests[N_EP][N_STATUS + 1];
@@ -721,10 +722,12 @@ static void *worker_main(void *arg) {
         S.n_waiting--;
         j->state = J_RUNNING;
         S.running = true;
+        S.current = j;
         pthread_mutex_unlock(&S.mu);
         run_job(&w, j);
         pthread_mutex_lock(&S.mu);
         S.running = false;
+        S.current = NULL;
         job_release(j);
     }
     pthread_mutex_unlock(&S.mu);
@@ -1241,6 +1244,9 @@ int df_serve_main(int argc, char **argv) {
     pthread_mutex_lock(&S.mu);
     S.stopping = true;
     for (job *j = S.head; j; j = j->next) atomic_store(&j->cancel, true);
+    /* the running one too: it is off the queue, and a long generation would
+     * otherwise hold the process up to its max_tokens */
+    if (S.current) atomic_store(&S.current->cancel, true);
     pthread_cond_broadcast(&S.work_cv);
     pthread_mutex_unlock(&S.mu);
     MHD_stop_daemon(d);
