@@ -198,7 +198,8 @@ arms_for_sweep() { # name|flags, one a line
     fi
     if has_run_flag --draft; then
         local spec
-        IFS=';' read -ra spec <<<"${DRAFT_ARMS:-draft-lookup=--draft lookup;draft-model=--draft models/demo-draft}"
+        # the demo draft shares only the demo model's tokenizer: the demo section runs it
+        IFS=';' read -ra spec <<<"${SWEEP_DRAFT_ARMS:-draft-lookup=--draft lookup}"
         for s in "${spec[@]}"; do
             case $s in *models/demo-draft*) [ -f models/demo-draft/config.json ] || {
                 say "note: models/demo-draft absent: arm ${s%%=*} skipped" >&2; continue; } ;; esac
