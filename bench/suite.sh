@@ -223,8 +223,12 @@ if [[ " $SECTIONS " == *" sweep "* ]]; then
         for rep in $(seq "$REPS"); do
             IOBW=$(measure_iobw "$M"); say "rep $rep: O_DIRECT read bandwidth $IOBW GB/s"
             echo "{\"section\":\"sweep\",\"event\":\"iobw\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
+            # even repetitions run the arms in reverse: an arm that follows another
+            # reads records that one just read, which a virtual disk's host may cache
+            ORDER=("${SWEEP[@]}")
+            if [ $((rep % 2)) = 0 ]; then mapfile -t ORDER < <(printf '%s\n' "${SWEEP[@]}" | tac); fi
             for frac in $FRACS; do
-                for a in "${SWEEP[@]}"; do
+                for a in "${ORDER[@]}"; do
                     name=${a%%|*}; fl=${a#*|}; fl=${fl//PACK/$M-pack}
                     # shellcheck disable=SC2086
                     run_arm sweep "$name" "$M" "$frac" "$EB" "$DB" "$IOBW" "$rep" "$PROMPT_LEN" "$NEW" $fl
@@ -282,7 +286,9 @@ PYEOF
                 IOBW=$(measure_iobw "$RM"); say "rep $rep: O_DIRECT read bandwidth $IOBW GB/s"
                 echo "{\"section\":\"replay\",\"event\":\"iobw\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
                 for frac in $REPLAY_FRACS; do
-                    for arm in deltafin lru pagecache deltafin-prefetch; do
+                    RARMS="deltafin lru pagecache deltafin-prefetch"
+                    [ $((rep % 2)) = 0 ] && RARMS="deltafin-prefetch pagecache lru deltafin" # see the sweep
+                    for arm in $RARMS; do
                         # --chunk 1: the cache sees the trace's tokens one by one, as cache-sim does;
                         # prefetch off except in its own arm (it changes the transient slots)
                         fl=(--replay-routing "$TRACE" --chunk 1 --prefetch off)
