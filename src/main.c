@@ -284,7 +284,7 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
     df_engine_prefetch_layers(e, pl, n);
     uint64_t P = 0, C = 0, A = 0;
     for (int i = 0; i < n; i++) P += pl[i].predicted, C += pl[i].correct, A += pl[i].actual;
-    if (text) {
+    if (text && strcmp(st->prefetch, "off") != 0) { /* off: nothing to say per layer */
         fprintf(stderr,
                 "prefetch: %s, depth %d, time gate %s (last probe: %.2fx); read ahead %llu experts, "
                 "%.1f MB used, %.1f MB wasted, %llu not read (no free slot); recall %.3f precision %.3f\n",
