@@ -439,6 +439,19 @@ static int32_t sample_candidates(df_sampler *s, const float *logits, const int32
     return st.items[m - 1].id;
 }
 
+/* NaN logits become -inf and +inf the largest float, so that every later step
+ * is defined; returns the largest logit. */
+static float sanitize(float *logits, int vocab) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        float l = logits[i];
+        if (isnan(l)) logits[i] = l = -INFINITY;
+        else if (l > FLT_MAX) logits[i] = l = FLT_MAX;
+        if (l > mx) mx = l;
+    }
+    return mx;
+}
+
 /* df_sampler_sample, drawing with *u instead of the next uniform when u is set. */
 static int32_t sample_u(df_sampler *s, float *logits, int vocab, const int32_t *history,
                         int n_history, const double *u) {
@@ -449,13 +462,7 @@ static int32_t sample_u(df_sampler *s, float *logits, int vocab, const int32_t *
     apply_penalty(s, logits, vocab, history, n_history);
     if (s->p.temperature == 0.0f) return argmax(logits, vocab);
 
-    float mx = -INFINITY;
-    for (int i = 0; i < vocab; i++) {
-        float l = logits[i];
-        if (isnan(l)) logits[i] = l = -INFINITY;
-        else if (l > FLT_MAX) logits[i] = l = FLT_MAX;
-        if (l > mx) mx = l;
-    }
+    float mx = sanitize(logits, vocab);
     if (mx == -INFINITY) return 0;
 
     if (s->p.top_k > 0 && s->p.top_k < vocab) {
@@ -496,13 +503,7 @@ int df_sampler_probs(df_sampler *s, float *logits, int vocab, const int32_t *his
         probs[argmax(logits, vocab)] = 1.0f;
         return 0;
     }
-    float mx = -INFINITY;
-    for (int i = 0; i < vocab; i++) {
-        float l = logits[i];
-        if (isnan(l)) logits[i] = l = -INFINITY;
-        else if (l > FLT_MAX) logits[i] = l = FLT_MAX;
-        if (l > mx) mx = l;
-    }
+    float mx = sanitize(logits, vocab);
     if (mx == -INFINITY) {
         probs[0] = 1.0f;
         return 0;
