@@ -482,6 +482,19 @@ static const char RUN_HELP[] =
 /* `deltafin bench`: run with no text output and one JSON summary on stdout. */
 static bool g_bench;
 
+/* One generated token to stdout: its id, or its text (stop tokens print
+ * nothing); `deltafin bench` prints no tokens, only its JSON line at the end. */
+static void emit_token(const df_engine *e, df_text_stream *ts, int32_t t, bool first, bool print_ids) {
+    char buf[4096];
+    if (g_bench) return;
+    if (print_ids) {
+        printf("%s%d", first ? "" : " ", t);
+    } else if (!df_is_stop_token(e, t)) {
+        size_t w = df_text_stream_push(e, ts, t, buf, sizeof buf);
+        fwrite(buf, 1, w, stdout);
+    }
+}
+
 static int cmd_run(int argc, char **argv) {
     opts o;
     parse(&o, argc, argv,
@@ -599,14 +612,7 @@ static int cmd_run(int argc, char **argv) {
             for (int i = 0; i < ng && !done; i++) {
                 int32_t t = got[i];
                 hist[nh++] = t;
-                if (g_bench) {
-                    /* no tokens: one JSON line at the end */
-                } else if (o.print_ids) {
-                    printf("%s%d", produced ? " " : "", t);
-                } else if (!df_is_stop_token(e, t)) {
-                    size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
-                    fwrite(buf, 1, w, stdout);
-                }
+                emit_token(e, &ts, t, produced == 0, o.print_ids);
                 produced++;
                 if (df_is_stop_token(e, t) || produced == o.max_new) done = true;
                 else if ((int)nh > ctx) {
@@ -636,14 +642,7 @@ static int cmd_run(int argc, char **argv) {
                 t = (int32_t)((tf >> 33) % (uint64_t)V);
             }
             hist[nh++] = t;
-            if (g_bench) {
-                /* no tokens: one JSON line at the end */
-            } else if (o.print_ids) {
-                printf("%s%d", step ? " " : "", t);
-            } else if (!df_is_stop_token(e, t)) {
-                size_t w = df_text_stream_push(e, &ts, t, buf, sizeof buf);
-                fwrite(buf, 1, w, stdout);
-            }
+            emit_token(e, &ts, t, step == 0, o.print_ids);
             fflush(stdout);
             if (df_is_stop_token(e, t) && !o.teacher_seed) break;
             if (step + 1 == o.max_new) break;
