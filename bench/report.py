@@ -63,6 +63,11 @@ def derive(r):
         "compute_ms": compute * 1e3,
         "other_ms": other * 1e3,
         "prefetch_recall": r.get("prefetch_recall"),
+        # the engine core's measure: weights streamed from RAM per second over the
+        # machine's measured read bandwidth, and prompt rows per second
+        "membw_fraction": (r["tokens_per_s"] * r["active_bytes_per_token"] / 1e9 / membw
+                           if membw and r.get("active_bytes_per_token") else None),
+        "prefill_tokens_per_s": r["prompt_tokens"] / r["prefill_s"] if r.get("prefill_s") else None,
         "draft_acceptance": r.get("draft_acceptance"),
     }
 
@@ -84,7 +89,8 @@ for (sec, pct, arm), rs in sorted(groups.items()):
     d = [derive(r) for r in rs]
     entry = {"section": sec, "budget_pct": pct, "arm": arm, "reps": len(rs),
              "model": rs[0]["model"], "routing": rs[0].get("routing"),
-             "prompt_tokens": rs[0]["prompt_tokens"], "decode_tokens": rs[0]["decode_tokens"]}
+             "prompt_tokens": rs[0]["prompt_tokens"], "decode_tokens": rs[0]["decode_tokens"],
+             "active_mb_per_token": rs[0].get("active_bytes_per_token", 0) / 1e6}
     if arm == "pagecache":
         # held: memhog locked everything but the budget (within 256 MiB)
         entry["page_cache_held"] = all(r.get("memhog_locked", 0) > 0 and r.get("memhog_short", 1 << 62) < 256 << 20
@@ -118,10 +124,19 @@ def m(e, k, fmt="{:.3f}", scale=1.0):
 md = [f"# deltafin benchmark ({mode})", ""]
 md += [f"- {k}: {v}" for k, v in machine.items()]
 md += ["", "Median (min-max) over repetitions. Budget: expert cache as % of the expert bytes",
-       "(page-cache arms: the page cache is held to it only when memhog ran, HOLD=1).",
+       "Held (HOLD=1, sweep and replay): memhog shrank the machine for every arm to the budget + the",
+       "always-active weights + a slack for the engine's buffers, so the page-cache arm's cache is held to the budget.",
        "Hit rate of page-cache arms: the share of the engine's expert reads not served from storage.",
        "MB/token: bytes the engine made the kernel read from storage per decoded token (/proc/self/io).",
        ""]
+for e in (e for e in results if e["section"] == "core"):
+    pf, dc = e["prefill_tokens_per_s"], e["tokens_per_s"]
+    md += ["## core (in-RAM decode vs memory bandwidth, 2 threads)", "",
+           "| model | decode tok/s | active MB/token | fraction of memory bandwidth | prefill tok/s | prefill/decode per token |",
+           "|---|---|---|---|---|---|",
+           f"| {e['model']} | {m(e, 'tokens_per_s', '{:.2f}')} | {e['active_mb_per_token']:.1f} | "
+           f"{m(e, 'membw_fraction', '{:.2f}')} | {m(e, 'prefill_tokens_per_s', '{:.2f}')} | "
+           f"{pf['median'] / dc['median']:.2f}x |" if pf and dc else "| - |", ""]
 for sec in ("sweep", "replay", "demo"):
     es = [e for e in results if e["section"] == sec]
     if not es:

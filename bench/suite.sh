@@ -7,22 +7,28 @@
 # results.json, results.md and gnuplot PNGs under bench/results/<date>[-quick]/.
 #
 # Sections:
+#  core    in-RAM decode of the engine core's benchmark model (hidden 2048, 128
+#          experts, top-8, 8 layers; 9 GiB of experts) as a fraction of the
+#          measured memory bandwidth, and prefill vs decode per token.
 #  sweep   synthetic Qwen3-MoE (random routers) at 5/10/25/50/100% of the expert
 #          bytes as expert cache: pack + deltafin policy, pack + LRU, page-cache
 #          path (safetensors, buffered reads, page cache held to the same budget
 #          by build/memhog), plus prefetch/drafter arms when `deltafin run --help`
-#          has those options.
+#          has those options (not at 100%, where nothing is read).
 #  replay  real routing (issue 9): a synthetic model shaped like the routing
 #          trace (26 MoE layers, 64 experts, top-6), routing replayed from the
 #          trace, 10% and 25%: deltafin vs LRU vs page cache, next to what
 #          `deltafin cache-sim` predicts for the same trace tokens and cache size.
 #
 # Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
-# COLD (1: drop caches before every arm), HOLD (1: hold the page cache to the
-# budget with memhog in page-cache arms; it locks most of the machine's memory,
-# so it is off in --quick, which is meant for a shared machine; HOLD_MAX caps
-# what it locks, for trying the mechanism out), RESULTS_DIR, SECTIONS
-# ("sweep replay demo"), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
+# COLD (1: drop caches before every arm), HOLD (1: in sweep and replay, every
+# arm runs on a machine shrunk by memhog to the budget + the always-active
+# weights + HOLD_SLACK_MIB (160) for the engine's buffers, so the page-cache
+# arm's page cache is held to the budget and the pack arms get no more; memhog
+# itself leaves HOLD_RESERVE_MIB (64) for the rest of the system. It locks most
+# of the machine's memory, so it is off in --quick, which is meant for a shared
+# machine; HOLD_MAX caps what it locks, for trying it out), RESULTS_DIR, SECTIONS
+# ("core sweep replay demo"), CORE_REPS, DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
 # DRAFT_ARMS ("name=flags;name=flags"). Models go to $B/bench-models/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +53,10 @@ REPLAY_NEW=${REPLAY_NEW:-$(q 48 256)}
 THREADS=${THREADS:-$(nproc)}
 COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
-SECTIONS=${SECTIONS:-"sweep replay demo"}
+HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
+HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
+SECTIONS=${SECTIONS:-$(q "sweep replay demo" "core sweep replay demo")} # core: a 10 GB model
+CORE_REPS=${CORE_REPS:-$(q 1 3)}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
 # Model shapes, the same in both modes (the models are made once): sweep experts
@@ -75,10 +84,40 @@ LOG=$OUT/suite.log
 : >"$LOG"
 say() { echo "$*" | tee -a "$LOG"; }
 T0=$(date +%s)
+T_START=$SECONDS
 TMP=$(mktemp -d)
 HOG="" # a running memhog: never left behind holding the machine's memory
 trap '[ -z "$HOG" ] || kill "$HOG" 2>/dev/null; rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
+
+# ---- the held machine (HOLD=1) ------------------------------------------------------
+# One memhog holds memory for a whole section; hog_set moves the line it leaves
+# free (through a FIFO on its stdin) and waits for its report. Locking 20 GB
+# from scratch takes a minute on a VM; moving the line between arms, a second.
+hog_set() { # LEAVE_BYTES
+    if [ -z "$HOG" ]; then
+        rm -f "$TMP/hog.ctl"; mkfifo "$TMP/hog.ctl"
+        "$B/memhog" --leave "$1" --reserve $((HOLD_RESERVE_MIB << 20)) --control \
+            --ready "$TMP/memhog.ready" ${HOLD_MAX:+--max "$HOLD_MAX"} <"$TMP/hog.ctl" >/dev/null &
+        HOG=$!
+        exec 7>"$TMP/hog.ctl"
+    fi
+    rm -f "$TMP/memhog.ready"
+    echo "$1" >&7
+    for _ in $(seq 3000); do
+        [ -f "$TMP/memhog.ready" ] && return 0
+        kill -0 "$HOG" 2>/dev/null || { say "note: memhog failed: memory not held"; hog_stop; return 0; }
+        sleep 0.1
+    done
+    say "note: memhog did not answer in 300 s"
+}
+hog_stop() {
+    [ -n "$HOG" ] || return 0
+    exec 7>&-
+    kill "$HOG" 2>/dev/null || true
+    wait "$HOG" 2>/dev/null || true
+    HOG=""
+}
 
 # ---- machine facts --------------------------------------------------------------
 DEV=$(findmnt -no SOURCE --target "$B" 2>/dev/null | sed 's|^/dev/||; s|\[.*||')
@@ -130,7 +169,7 @@ pack() { # MODEL -> MODEL-pack
 # run_arm SECTION ARM MODEL FRAC EXPERT_BYTES DENSE_BYTES IOBW REP PROMPT NEW FLAGS...
 run_arm() {
     local sec=$1 arm=$2 m=$3 frac=$4 eb=$5 db=$6 iobw=$7 rep=$8 plen=$9 new=${10}; shift 10
-    local cache=$((eb * frac / 100)) locked=0 short=0 err=$TMP/arm.err
+    local cache=$((eb * frac / 100)) locked=0 short=0 err=$TMP/arm.err t_arm=$SECONDS
     local flags=("$@")
     if [ "$arm" = resident ] || [[ "$arm" == resident-* ]]; then
         : # everything in RAM, mapped: no cache to size
@@ -141,22 +180,16 @@ run_arm() {
     else
         flags+=(--expert-cache "$cache")
     fi
-    drop
-    if [ "$arm" = pagecache ] && [ "$HOLD" = 1 ]; then
-        # page cache allowed: the budget + the always-active weights (mapped from
-        # the same files) + 384 MiB for the engine's own memory
-        rm -f "$TMP/memhog.ready"
-        "$B/memhog" --leave $((cache + db + (384 << 20))) ${HOLD_MAX:+--max "$HOLD_MAX"} \
-            --ready "$TMP/memhog.ready" >/dev/null &
-        HOG=$!
-        for _ in $(seq 1200); do
-            [ -f "$TMP/memhog.ready" ] && break
-            kill -0 "$HOG" 2>/dev/null || { say "note: memhog failed: page cache not held"; HOG=""; break; }
-            sleep 0.1
-        done
+    if [ "$HOLD" = 1 ] && [ "$sec" != demo ] && [ "$sec" != core ]; then
+        # every arm gets the same machine: the budget + the always-active weights
+        # (mapped; page cache) + HOLD_SLACK for the engine's own buffers and KV
+        # cache. For the pack arms the budget is their cache arena, for the
+        # page-cache arm it is page cache.
+        hog_set $((cache + db + (HOLD_SLACK_MIB << 20)))
         read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
-        [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding the page cache to the budget"
+        [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding memory to the budget"
     fi
+    [ "$sec" = core ] || drop
     local json
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
@@ -168,11 +201,10 @@ d.update(section=sys.argv[2], arm=sys.argv[3], budget_pct=int(sys.argv[4]), rep=
          memhog_short=int(sys.argv[9]))
 print(json.dumps(d))
 PYEOF
-        say "$sec $arm ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); n=max(1,d['decode_tokens']); print('%.3f tok/s, ttft %.2f s, %.2f MB/token read from storage, hits %d misses %d, peak RSS %.0f MiB' % (d['tokens_per_s'], d['ttft_s'], d['storage_bytes_read']/n/1e6, d['expert_hits'], d['expert_misses'], d['peak_rss_bytes']/2**20))")"
+        say "$sec $arm ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); n=max(1,d['decode_tokens']); print('%.3f tok/s, ttft %.2f s, %.2f MB/token read from storage, hits %d misses %d, peak RSS %.0f MiB' % (d['tokens_per_s'], d['ttft_s'], d['storage_bytes_read']/n/1e6, d['expert_hits'], d['expert_misses'], d['peak_rss_bytes']/2**20))") [$((SECONDS - t_arm)) s; at $((SECONDS - T_START)) s]"
     else
         say "$sec $arm ${frac}% rep $rep FAILED: $(tail -1 "$err")"
     fi
-    if [ -n "$HOG" ]; then kill "$HOG"; wait "$HOG" 2>/dev/null || true; HOG=""; fi
 }
 model_shape() { /usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(sum(1 for i in range(c["num_hidden_layers"]) if i not in c.get("mlp_only_layers",[])), c["num_experts"], c["num_experts_per_tok"])' "$1"; }
 
@@ -210,6 +242,26 @@ arms_for_sweep() { # name|flags, one a line
     fi
 }
 
+# ---- core: in-RAM decode against memory bandwidth (issue 2) ------------------------
+# The engine core's goal: active-weight bytes per token x tokens/s over the
+# measured memory read bandwidth, 2 threads, on the shape the issue names; and
+# prefill (64 rows) vs decode per token. Warm: the model is read into the page
+# cache once (by the engine's own faults, which bring large folios) and not dropped.
+if [[ " $SECTIONS " == *" core "* ]]; then
+    CM=$B/bench-models/moe-h2048-e128
+    if prepare "$CM" --hidden 2048 --intermediate 6144 --layers 8 --heads 32 --kv-heads 4 \
+        --experts 128 --top-k 8 --moe-intermediate 768; then
+        read -r EB DB < <(model_bytes "$CM")
+        say ""
+        say "## core: $CM in RAM (resident, warm), prompt 64, decode 32, 2 threads"
+        drop
+        "$ENG" run --model "$CM" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
+        for rep in $(seq "$CORE_REPS"); do
+            run_arm core resident "$CM" 100 "$EB" "$DB" 0 "$rep" 64 32 --threads 2
+        done
+    fi
+fi
+
 # ---- sweep ----------------------------------------------------------------------
 if [[ " $SECTIONS " == *" sweep "* ]]; then
     M=$B/bench-models/moe-h$SYN_HIDDEN-l$SYN_LAYERS-e$SYN_EXPERTS-k$SYN_TOPK-i$SYN_MOE_I
@@ -230,6 +282,8 @@ if [[ " $SECTIONS " == *" sweep "* ]]; then
             for frac in $FRACS; do
                 for a in "${ORDER[@]}"; do
                     name=${a%%|*}; fl=${a#*|}; fl=${fl//PACK/$M-pack}
+                    # with every expert cached nothing is read: only the baselines run
+                    case $frac:$name in 100:deltafin | 100:lru | 100:pagecache | [0-9]:* | [1-9][0-9]:*) ;; *) continue ;; esac
                     # shellcheck disable=SC2086
                     run_arm sweep "$name" "$M" "$frac" "$EB" "$DB" "$IOBW" "$rep" "$PROMPT_LEN" "$NEW" $fl
                 done
@@ -244,6 +298,7 @@ if [[ " $SECTIONS " == *" replay "* ]]; then
         say "SKIP replay section: no trace at $TRACE (set TRACE=)"
     else
         RM=$B/bench-models/replay-$(basename "$TRACE" .trace)-h$RR_HIDDEN-i$RR_MOE_I
+        [ -f "$RM/config.json" ] || hog_stop # generating it needs the memory
         if prepare "$RM" --match-trace "$TRACE" --hidden "$RR_HIDDEN" --intermediate $((RR_HIDDEN * 3)) \
             --moe-intermediate "$RR_MOE_I"; then
             pack "$RM"
@@ -305,6 +360,7 @@ PYEOF
 fi
 
 # ---- demo (the trained demo models, when present) -----------------------------------
+hog_stop
 if [[ " $SECTIONS " == *" demo "* ]]; then
     DM=${DEMO_MODEL:-models/demo-moe}
     if [ ! -f "$DM/config.json" ]; then

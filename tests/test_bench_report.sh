@@ -34,6 +34,9 @@ def arm(arm, rep, tps, storage, **kw):
     return d
 rows += [arm("lru", 1, 2.0, 10_000_000), arm("lru", 2, 4.0, 10_000_000), arm("lru", 3, 3.0, 20_000_000)]
 rows += [arm("pagecache", r, 1.0, 3500, memhog_locked=1 << 30, memhog_short=0) for r in (1, 2, 3)]
+# the core section: in-RAM decode; 2e9 active bytes/token at 2, 3, 4 tok/s over 10 GB/s
+rows += [arm("resident", r, tps, 0, section="core", budget_pct=100, prompt_tokens=64, prefill_s=64 / pf,
+             active_bytes_per_token=2_000_000_000) for r, tps, pf in ((1, 2.0, 30.0), (2, 3.0, 50.0), (3, 4.0, 40.0))]
 rows.append({"section": "replay", "event": "cachesim", "arm": "lru", "budget_pct": 10,
              "hit_rate": 0.25, "bytes_per_token": 1_500_000.0})
 open(sys.argv[1], "w").write("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -46,6 +49,7 @@ if /usr/bin/python3 bench/report.py "$T" 10 test >"$T/out" 2>&1; then ok report-
 import json, sys
 r = json.load(open(sys.argv[1]))
 e = {x["arm"]: x for x in r["results"]}
+core = e["resident"]
 lru, pc = e["lru"], e["pagecache"]
 def close(a, b, what):
     if abs(a - b) > 1e-9 * max(1, abs(b)):
@@ -71,7 +75,12 @@ close(lru["cachesim_bytes_per_token"], 1.5e6, "cache-sim bytes")
 close(pc["hit_rate"]["median"], 0.5, "page-cache hit rate")
 assert pc["page_cache_held"] is True, pc
 assert "cachesim_bytes_per_token" not in pc
+# core: fraction of memory bandwidth = tok/s x active bytes / membw: 0.4, 0.6, 0.8
+close(core["membw_fraction"]["median"], 0.6, "membw fraction")
+close(core["prefill_tokens_per_s"]["median"], 40.0, "prefill tok/s")
 PYEOF
+grep -q "^| m | 3.00 (2.00-4.00) | 2000.0 | 0.60 (0.40-0.80) | 40.00 (30.00-50.00) | 13.33x |" "$T/results.md" \
+    && ok core-table || bad core-table "$(grep -A3 '## core' "$T/results.md")"
 grep -q "pagecache (held)" "$T/results.md" && ok held-marked || bad held-marked "$(grep pagecache "$T/results.md")"
 
 # a repetition where memhog fell short is not "held"
