@@ -9,9 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+. tests/lib.sh
 
 cat >"$T/suite.log" <<'EOF'
 cpu: Test CPU, 2 cores; memory 8 GiB; disk vda
@@ -88,5 +86,4 @@ sed -i 's/"memhog_short": 0/"memhog_short": 1073741824/' "$T/arms.jsonl"
 /usr/bin/python3 bench/report.py "$T" 10 test >/dev/null 2>&1
 grep -q "pagecache (not held)" "$T/results.md" && ok not-held-marked || bad not-held-marked "$(grep pagecache "$T/results.md")"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -11,9 +11,7 @@ MODELS=${DF_TEST_MODELS:-build/test-models}
 M=$MODELS/budget-moe
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+. tests/lib.sh
 
 if [ ! -f "$M/config.json" ]; then
     /usr/bin/python3 tools/gen_checkpoint.py --out "$M" --arch qwen3_moe --seed 21 --dtype bf16 \
@@ -46,5 +44,4 @@ for src in pack safetensors; do
         fi
     done
 done
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

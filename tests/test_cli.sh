@@ -11,22 +11,8 @@ GOOD=$MODELS/engine-dense
 PY=/usr/bin/python3
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
+. tests/lib.sh
 
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
-
-# expect_error NAME PATTERN CMD... : exit 2, exactly one stderr line matching PATTERN
-expect_error() {
-    local name=$1 pat=$2; shift 2
-    "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    local lines; lines=$(wc -l <"$T/err")
-    if [ $rc -ne 2 ]; then bad "$name" "exit $rc (want 2): $(head -c 300 "$T/err")"; return; fi
-    if [ "$lines" -ne 1 ]; then bad "$name" "stderr has $lines lines: $(head -c 600 "$T/err")"; return; fi
-    if ! grep -qE -- "$pat" "$T/err"; then bad "$name" "message '$(cat "$T/err")' lacks /$pat/"; return; fi
-    ok "$name"
-}
 
 copy_model() { rm -rf "$T/m"; cp -r "$GOOD" "$T/m"; }
 
@@ -172,5 +158,4 @@ expect_error spec-k-range "--draft-k expects an integer in 1..16" "$ENG" run --m
 expect_error spec-k-needs-draft "need --draft" "$ENG" run --model "$MOE" --prompt-tokens 1 --lookup-n 2
 expect_error spec-teacher "cannot be combined" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

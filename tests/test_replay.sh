@@ -14,19 +14,8 @@ DENSE=$MODELS/engine-dense
 PY=/usr/bin/python3
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+. tests/lib.sh
 
-expect_error() { # NAME PATTERN CMD... : exit 2, one stderr line matching PATTERN
-    local name=$1 pat=$2; shift 2
-    "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ $rc -ne 2 ]; then bad "$name" "exit $rc (want 2): $(head -c 300 "$T/err")"; return; fi
-    if [ "$(wc -l <"$T/err")" -ne 1 ]; then bad "$name" "stderr: $(head -c 600 "$T/err")"; return; fi
-    if ! grep -qE -- "$pat" "$T/err"; then bad "$name" "message '$(cat "$T/err")' lacks /$pat/"; return; fi
-    ok "$name"
-}
 
 trace() { # FILE LAYERS EXPERTS TOPK TOKEN_LINES...
     local f=$1 l=$2 e=$3 k=$4; shift 4
@@ -112,5 +101,4 @@ assert d["prompt_tokens"] == 8 and d["decode_tokens"] == 3, d
 PYEOF
 then ok bench-json; else bad bench-json "$(cat "$T/bench.json" "$T/err" | tail -5)"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -22,9 +22,7 @@ cleanup() {
     rm -rf "$T"
 }
 trap cleanup EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+. tests/lib.sh
 # A smaller ASan quarantine keeps the RSS measurement about the server itself.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}:quarantine_size_mb=16"
 
@@ -412,5 +410,4 @@ else
     bad clean-shutdown "exit $rc1/$rc2: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s1.log" "$T/s2.log" | head -40)"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
