@@ -452,35 +452,52 @@ static int compile_regex(df_tokenizer *t, const char *pat, size_t len, uint32_t 
     return DF_OK;
 }
 
-static int parse_normalizer(df_tokenizer *t, json_t *n, const char *where, int depth,
-                            df_error *err) {
-    if (!n || json_is_null(n)) return DF_OK;
+typedef int (*parse_step_fn)(df_tokenizer *t, json_t *n, const char *where, int depth,
+                             df_error *err);
+
+/* A normalizer or pre-tokenizer object's "type", checked. */
+static int step_type(df_tokenizer *t, json_t *n, const char *where, const char **type,
+                     df_error *err) {
     if (!json_is_object(n))
-        return df_fail(err, DF_ERR_FORMAT, "%s: %s: expected an object or null, got %s",
-                       t->path, where, jtype(n));
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s: expected an object, got %s", t->path, where,
+                       jtype(n));
     json_t *ty = json_object_get(n, "type");
     if (!json_is_string(ty))
         return df_fail(err, DF_ERR_FORMAT, "%s: %s.type: expected a string, got %s", t->path,
                        where, jtype(ty));
-    const char *s = json_string_value(ty);
-    if (strcmp(s, "Sequence") == 0) {
-        json_t *arr = json_object_get(n, "normalizers");
-        if (!json_is_array(arr))
-            return df_fail(err, DF_ERR_FORMAT, "%s: %s.normalizers: expected an array, got %s",
-                           t->path, where, jtype(arr));
-        if (depth >= MAX_DEPTH)
-            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
-                           t->path, where);
-        size_t i;
-        json_t *e;
-        json_array_foreach(arr, i, e) {
-            char w[128];
-            snprintf(w, sizeof w, "%s.normalizers[%zu]", where, i);
-            int rc = parse_normalizer(t, e, w, depth + 1, err);
-            if (rc) return rc;
-        }
-        return DF_OK;
+    *type = json_string_value(ty);
+    return DF_OK;
+}
+
+/* A "Sequence": parses each element of n[key] with fn, one level deeper. */
+static int parse_sequence(df_tokenizer *t, json_t *n, const char *key, const char *where,
+                          int depth, parse_step_fn fn, df_error *err) {
+    json_t *arr = json_object_get(n, key);
+    if (!json_is_array(arr))
+        return df_fail(err, DF_ERR_FORMAT, "%s: %s.%s: expected an array, got %s", t->path, where,
+                       key, jtype(arr));
+    if (depth >= MAX_DEPTH)
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply", t->path,
+                       where);
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        char w[128];
+        snprintf(w, sizeof w, "%s.%s[%zu]", where, key, i);
+        int rc = fn(t, e, w, depth + 1, err);
+        if (rc) return rc;
     }
+    return DF_OK;
+}
+
+static int parse_normalizer(df_tokenizer *t, json_t *n, const char *where, int depth,
+                            df_error *err) {
+    if (!n || json_is_null(n)) return DF_OK;
+    const char *s;
+    int rc = step_type(t, n, where, &s, err);
+    if (rc) return rc;
+    if (strcmp(s, "Sequence") == 0)
+        return parse_sequence(t, n, "normalizers", where, depth, parse_normalizer, err);
     int kind;
     if (strcmp(s, "NFC") == 0) kind = NORM_NFC;
     else if (strcmp(s, "NFD") == 0) kind = NORM_NFD;
@@ -498,32 +515,11 @@ static int parse_normalizer(df_tokenizer *t, json_t *n, const char *where, int d
 
 static int parse_pretok(df_tokenizer *t, json_t *p, const char *where, int depth,
                         df_error *err) {
-    if (!json_is_object(p))
-        return df_fail(err, DF_ERR_FORMAT, "%s: %s: expected an object, got %s", t->path, where,
-                       jtype(p));
-    json_t *ty = json_object_get(p, "type");
-    if (!json_is_string(ty))
-        return df_fail(err, DF_ERR_FORMAT, "%s: %s.type: expected a string, got %s", t->path,
-                       where, jtype(ty));
-    const char *s = json_string_value(ty);
-    if (strcmp(s, "Sequence") == 0) {
-        json_t *arr = json_object_get(p, "pretokenizers");
-        if (!json_is_array(arr))
-            return df_fail(err, DF_ERR_FORMAT, "%s: %s.pretokenizers: expected an array, got %s",
-                           t->path, where, jtype(arr));
-        if (depth >= MAX_DEPTH)
-            return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
-                           t->path, where);
-        size_t i;
-        json_t *e;
-        json_array_foreach(arr, i, e) {
-            char w[128];
-            snprintf(w, sizeof w, "%s.pretokenizers[%zu]", where, i);
-            int rc = parse_pretok(t, e, w, depth + 1, err);
-            if (rc) return rc;
-        }
-        return DF_OK;
-    }
+    const char *s;
+    int rc = step_type(t, p, where, &s, err);
+    if (rc) return rc;
+    if (strcmp(s, "Sequence") == 0)
+        return parse_sequence(t, p, "pretokenizers", where, depth, parse_pretok, err);
     if (t->n_steps == MAX_STEPS)
         return df_fail(err, DF_ERR_UNSUPPORTED, "%s: %s: more than %d pre-tokenizers", t->path,
                        where, MAX_STEPS);
