@@ -33,6 +33,7 @@
 #include <liburing.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define MAX_OPS DF_PACK_MAX_STRIPES
@@ -155,6 +156,16 @@ static void op_geometry(const df_store *s, int layer, int e, int i, int *fd, uin
 
 static int complete(df_store *s, struct io_uring_cqe *cqe);
 static void assign(df_store *s, int si, int key, int pf_layer);
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+static void populate_arena(void *p, size_t n) {
+    if (madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+    long pg = sysconf(_SC_PAGESIZE); /* older kernels: touch every page */
+    for (size_t o = 0; o < n; o += (size_t)pg) ((volatile char *)p)[o] = 0;
+}
 
 /* A few transient slots let the policy turn one-off experts away. Predicted
  * experts are read into the ones the current layer leaves free: giving
@@ -293,8 +304,12 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
         goto fail;
     }
     /* Huge pages: experts are streamed through at memory bandwidth, and 4 KiB
-     * pages would cost a TLB miss every 4 KiB. */
+     * pages would cost a TLB miss every 4 KiB. The arena is faulted in now:
+     * a huge page's first touch zeroes (and may compact) 2 MiB, which on the
+     * development VM cost 0.3-2.5 s per GiB, paid otherwise by the first tokens
+     * (a 512-token prompt's prefill once took 21 s instead of 5). */
     madvise(s->arena, s->arena_bytes, MADV_HUGEPAGE);
+    populate_arena(s->arena, s->arena_bytes);
     s->slots = df_xcalloc((size_t)s->n_slots, sizeof(slot));
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].key = -1;
