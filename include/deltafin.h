@@ -282,6 +282,11 @@ typedef struct df_spec_stats {
     double plain_bytes, verify_bytes; /* expert bytes read: mean per plain step, per pass */
     double plain_time_s, spec_time_s; /* totals spent in plain steps / verify passes */
     double speedup;          /* measured: plain s/token over verify-pass s/token */
+    double run_speedup;      /* measured: the whole decode against plain steps only
+                                (tokens x mean plain step over the time of all passes) */
+    uint64_t probes_declined; /* times a draft model's probe was not worth its catch-up */
+    double draft_token_s;    /* drafter: mean seconds per drafted token (catch-up aside) */
+    double row_cost;         /* gate: cost of one drafted token in plain steps (verify row + drafting) */
 } df_spec_stats;
 
 /* Called on every row of target (and draft) logits before the sampler sees it,
