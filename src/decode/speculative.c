@@ -245,6 +245,30 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
     return DF_OK;
 }
 
+int df_spec_draft_bytes(const df_spec_opts *o, int vocab, int context, uint64_t *bytes, df_error *err) {
+    *bytes = 0;
+    if (!o || !o->draft || !*o->draft || vocab < 0)
+        return df_fail(err, DF_ERR_ARG, "speculative: bad arguments to df_spec_draft_bytes");
+    int k = o->k_max ? o->k_max : 8;
+    /* the context copy */
+    uint64_t b = sizeof(int32_t) * 2 * (uint64_t)(context + k + 1);
+    if (strcmp(o->draft, "lookup") != 0) {
+        df_engine *d;
+        df_engine_opts eo = {.model_dir = o->draft, .n_threads = 1, .isa = o->isa};
+        int rc = df_engine_open(&d, &eo, err);
+        if (rc) return rc;
+        const df_model_info *in = df_engine_info(d);
+        int dctx = context < in->max_context ? context : in->max_context;
+        if (!vocab) vocab = in->vocab_size;
+        /* its weights stay resident (dense, in RAM), one session, its token copy */
+        b += in->bytes_total + df_engine_session_bytes(d, dctx) + sizeof(int32_t) * (uint64_t)dctx;
+        df_engine_close(d);
+    }
+    b += sizeof(float) * (uint64_t)vocab * (uint64_t)(2 * k + 3); /* rows, qrows, p, dlog */
+    *bytes = b;
+    return DF_OK;
+}
+
 void df_spec_free(df_spec *sp) {
     if (!sp) return;
     df_session_free(sp->dsess);
