@@ -559,12 +559,12 @@ static void run_job(worker *w, job *j) {
     if (r->stream && r->kind == SRV_CHAT) push_chunk(j, "", 0, NULL, true);
 
     /* Prompt-prefix reuse: keep the cached rows the new prompt shares, but
-     * always evaluate at least its last token (its logits are needed). With
-     * --draft the first speculative step evaluates that last token itself. */
+     * always evaluate at least its last token (its logits are needed: with
+     * --draft too, the first token is drawn from them as without). */
     size_t L = 0;
     while (L < n && L < (size_t)w->n_cached && w->cached[L] == ids[L]) L++;
     if (L == n) L = n - 1;
-    size_t n_pre = S.spec ? n - 1 : n;
+    size_t n_pre = n;
     gen_state g = {.finish = "length"};
     int V = S.info->vocab_size;
     w->text_len = 0;
@@ -598,8 +598,13 @@ static void run_job(worker *w, job *j) {
          * the next step evaluates first: together the history. */
         penalty_ctx pc = {r, w->counts, (int)n};
         df_spec_set_logits_hook(S.spec, penalty_hook, &pc);
-        if (w->n_cached == (int)n - 1) w->cached[w->n_cached] = ids[n - 1];
-        bool more = true;
+        bool more = !g.failed && w->n_cached == (int)n && !job_cancelled(j) && max_new > 0;
+        if (more) { /* the first token from the prompt's logits, as the plain loop draws it */
+            int32_t t = df_sampler_sample(smp, w->logits, V, ids, 0);
+            if (t < 0 || t >= V) t = 0;
+            w->cached[w->n_cached] = t;
+            more = take_token(w, j, &g, t);
+        }
         while (more && !g.failed && w->n_cached == (int)n - 1 + g.produced && !job_cancelled(j) &&
                g.produced < max_new) {
             int32_t got[17];
