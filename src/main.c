@@ -667,11 +667,13 @@ static int cmd_run(int argc, char **argv) {
                     "{\"event\":\"speculative\",\"passes\":%llu,\"verify_passes\":%llu,\"drafted\":%llu,"
                     "\"accepted\":%llu,\"switched_off\":%llu,\"depth\":%d,\"mean_depth\":%.4f,"
                     "\"plain_s\":%.6f,\"verify_s\":%.6f,\"plain_bytes\":%.1f,\"verify_bytes\":%.1f,"
-                    "\"speedup\":%.4f}\n",
+                    "\"speedup\":%.4f,\"run_speedup\":%.4f,\"probes_declined\":%llu,"
+                    "\"draft_token_s\":%.6f,\"row_cost\":%.4f}\n",
                     (unsigned long long)ss.passes, (unsigned long long)ss.verify_passes,
                     (unsigned long long)ss.drafted, (unsigned long long)ss.accepted,
                     (unsigned long long)ss.switched_off, ss.depth, ss.mean_depth, ss.plain_s, ss.verify_s,
-                    ss.plain_bytes, ss.verify_bytes, ss.speedup);
+                    ss.plain_bytes, ss.verify_bytes, ss.speedup, ss.run_speedup,
+                    (unsigned long long)ss.probes_declined, ss.draft_token_s, ss.row_cost);
         }
     }
     if (g_bench) {

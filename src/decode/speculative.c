@@ -77,11 +77,19 @@
 #define G_MAX 8.0
 #define D_ALPHA 0.2
 #define T_ALPHA 0.2
-#define PROBE_MIN 4     /* verify passes before a probe may be judged a failure */
+#define PROBE_MIN 3     /* verify passes before a probe may be judged a failure */
+#define G_ALPHA_PROBE 0.5 /* weight of a probe's first pass in g: the prior is a guess */
 #define A_OPTIMISTIC 0.8 /* acceptance a probe's admission hopes for */
 #define PROBE_GAIN 2.0  /* a probe must hope to win this many times its catch-up */
 #define PLAIN_FIRST 3   /* plain steps before the first draft; the first is not
                            measured (a cold expert cache would flatter drafting) */
+#define PLAIN_FIRST_MODEL 16 /* ... before a draft model's first probe, whose
+                           catch-up is judged against settled plain steps (the
+                           first ones after a prompt, still filling the expert
+                           cache, can be several times slower) */
+/* The draft's load-time measures are taken alone; in the loop it shares the
+ * CPUs with the target's threads and is about this much slower. */
+#define WARM_SLOWDOWN 2.0
 #define CALIBRATE 32    /* verify passes between plain measurements */
 /* Plain steps before probing again; x4 after each failed probe. A failed probe
  * costs more than its pass: a wrong row's experts are read and evict useful
@@ -101,6 +109,7 @@ enum { DRAFT_LOOKUP, DRAFT_MODEL, DRAFT_FN };
 
 typedef struct gate {
     double a, g, t_plain;
+    double t_plain_min; /* the fastest plain step seen (0: none yet) */
     double t_draft;    /* drafter seconds per drafted token (running mean; < 0: unknown) */
     double t_catchup;  /* draft model seconds per caught-up token (< 0: unknown) */
     int n_draft_obs;   /* drafting measured in passes (the load-time measure is a guess:
@@ -196,8 +205,8 @@ static int measure_draft(df_spec *sp, df_error *err) {
     free(lg);
     df_session_free(w);
     if (rc == DF_OK) {
-        sp->gt.t_catchup = pre;
-        sp->gt.t_draft = step;
+        sp->gt.t_catchup = pre * WARM_SLOWDOWN;
+        sp->gt.t_draft = step * WARM_SLOWDOWN;
     }
     return rc;
 }
@@ -301,16 +310,20 @@ static double expected_tokens(double a, int k) {
     return e;
 }
 
-/* Cost of one drafted token, in plain steps: its verify row and its drafting. */
-static double row_cost(const gate *g) {
-    double d = g->t_draft > 0 && g->t_plain > 0 ? g->t_draft / g->t_plain : 0.0;
+/* Cost of one drafted token, in plain steps of t seconds: its verify row and
+ * its drafting. */
+static double row_cost_at(const gate *g, double t) {
+    double d = g->t_draft > 0 && t > 0 ? g->t_draft / t : 0.0;
     return g->g + d;
 }
 
-/* The depth with the best S(k) at acceptance a, and S there. */
-static int best_depth_at(const df_spec *sp, double a, double *s_best) {
+static double row_cost(const gate *g) { return row_cost_at(g, g->t_plain); }
+
+/* The depth with the best S(k) at acceptance a and cost c per drafted token,
+ * and S there. */
+static int best_depth_ac(const df_spec *sp, double a, double c, double *s_best) {
     int best = 1;
-    double sb = 0.0, c = row_cost(&sp->gt);
+    double sb = 0.0;
     for (int k = 1; k <= sp->k_max; k++) {
         double s = expected_tokens(a, k) / (1.0 + c * k);
         if (s > sb) {
@@ -322,19 +335,26 @@ static int best_depth_at(const df_spec *sp, double a, double *s_best) {
     return best;
 }
 
+static int best_depth_at(const df_spec *sp, double a, double *s_best) {
+    return best_depth_ac(sp, a, row_cost(&sp->gt), s_best);
+}
+
 static int best_depth(const df_spec *sp, double *s_best) { return best_depth_at(sp, sp->gt.a, s_best); }
 
 /* Whether a probe of the draft model may start at history length n_hist with
  * `left` tokens still wanted: what it could win (at an optimistic acceptance)
  * must be PROBE_GAIN times its cost: the catch-up (the tokens the draft has
- * not seen) and the drafted rows of PROBE_MIN failing passes. */
+ * not seen) and the drafted rows of PROBE_MIN failing passes. Costs are in the
+ * fastest plain step seen: the first steps after a prompt, still filling the
+ * expert cache, would make the draft look cheap. */
 static bool probe_pays(const df_spec *sp, int n_hist, int left) {
     const gate *g = &sp->gt;
     if (sp->kind != DRAFT_MODEL || g->t_catchup <= 0 || g->t_plain <= 0) return true;
+    double t = g->t_plain_min > 0 ? g->t_plain_min : g->t_plain;
     int lag = n_hist - 1 - sp->dn;
     if (lag < 0) lag = 0;
-    double cost = (double)lag * g->t_catchup / g->t_plain + PROBE_MIN * row_cost(g), s;
-    best_depth_at(sp, A_OPTIMISTIC, &s);
+    double c = row_cost_at(g, t), cost = (double)lag * g->t_catchup / t + PROBE_MIN * c, s;
+    best_depth_ac(sp, A_OPTIMISTIC, c, &s);
     double gain = s > 1.0 ? (double)(left - 1) * (1.0 - 1.0 / s) : 0.0;
     return gain >= PROBE_GAIN * cost;
 }
@@ -343,7 +363,7 @@ static bool probe_pays(const df_spec *sp, int n_hist, int left) {
 static int gate_depth(df_spec *sp, int n_hist, int left) {
     gate *g = &sp->gt;
     if (sp->fixed) return sp->fixed;
-    if (g->n_plain < PLAIN_FIRST) return 0;
+    if (g->n_plain < (sp->kind == DRAFT_MODEL ? PLAIN_FIRST_MODEL : PLAIN_FIRST)) return 0;
     if (g->off_left > 0) {
         g->off_left--;
         if (g->off_left == 0) { /* probe again from the prior */
@@ -368,6 +388,7 @@ static void gate_plain(df_spec *sp, double secs) {
     gate *g = &sp->gt;
     if (g->n_plain == 1) g->t_plain = secs;
     else if (g->n_plain > 1) g->t_plain += T_ALPHA * (secs - g->t_plain);
+    if (g->n_plain >= 1 && (g->t_plain_min <= 0 || secs < g->t_plain_min)) g->t_plain_min = secs;
     g->n_plain++;
     g->since_plain = 0;
 }
@@ -393,7 +414,7 @@ static void gate_verify(df_spec *sp, int drafted, int accepted, double verify_s,
     for (int i = 0; i < seen; i++) g->a += A_ALPHA * ((i < accepted ? 1.0 : 0.0) - g->a);
     if (g->t_plain > 0) {
         double obs = (verify_s / g->t_plain - 1.0) / drafted;
-        g->g += G_ALPHA * (obs - g->g);
+        g->g += (g->probe_passes == 1 ? G_ALPHA_PROBE : G_ALPHA) * (obs - g->g);
         if (g->g < G_MIN) g->g = G_MIN;
         if (g->g > G_MAX) g->g = G_MAX;
     }
