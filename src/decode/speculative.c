@@ -400,7 +400,6 @@ static void gate_verify(df_spec *sp, int drafted, int accepted, double verify_s,
                         double total_s) {
     gate *g = &sp->gt;
     g->since_plain++;
-    if (sp->fixed) return;
     if (g->probing) {
         g->probing = false;
         g->probe_passes = 0;
@@ -412,20 +411,28 @@ static void gate_verify(df_spec *sp, int drafted, int accepted, double verify_s,
     g->probe_tokens += accepted + 1;
     int seen = accepted < drafted ? accepted + 1 : drafted; /* tokens the target ruled on */
     for (int i = 0; i < seen; i++) g->a += A_ALPHA * ((i < accepted ? 1.0 : 0.0) - g->a);
-    if (g->t_plain > 0) {
+    /* A probe's first pass wakes the drafter's threads and reads experts the
+     * plain steps had not needed yet: like the first plain step, its costs say
+     * little of the steady state (measured up to 3x), so it measures only
+     * acceptance. At a fixed depth costs are measured for --stats only. */
+    bool measure = g->probe_passes > 1 || sp->fixed;
+    if (measure && g->t_plain > 0) {
         double obs = (verify_s / g->t_plain - 1.0) / drafted;
-        g->g += (g->probe_passes == 1 ? G_ALPHA_PROBE : G_ALPHA) * (obs - g->g);
+        g->g += (g->probe_passes == 2 ? G_ALPHA_PROBE : G_ALPHA) * (obs - g->g);
         if (g->g < G_MIN) g->g = G_MIN;
         if (g->g > G_MAX) g->g = G_MAX;
     }
-    double per = draft_s / drafted;
-    g->t_draft = g->n_draft_obs++ == 0 ? per : g->t_draft + D_ALPHA * (per - g->t_draft);
+    if (measure) {
+        double per = draft_s / drafted;
+        g->t_draft = g->n_draft_obs++ == 0 ? per : g->t_draft + D_ALPHA * (per - g->t_draft);
+    }
+    if (sp->fixed) return;
     double s, s_hopeful;
     best_depth(sp, &s);
     best_depth_at(sp, A_OPTIMISTIC, &s_hopeful);
-    /* One pass is enough to judge when even a hopeful acceptance would not pay
-     * for what the pass measured a drafted token to cost. */
-    bool judged = g->probe_passes >= PROBE_MIN || s_hopeful < 1.0;
+    /* A measured pass is enough to judge when even a hopeful acceptance would
+     * not pay for what a drafted token was measured to cost. */
+    bool judged = g->probe_passes >= PROBE_MIN || (g->probe_passes >= 2 && s_hopeful < 1.0);
     if (s < 1.0 && judged) {
         double wasted = g->t_plain > 0 ? g->probe_s / g->t_plain - g->probe_tokens : 0.0;
         double off = wasted * PROBE_AMORTIZE;
@@ -506,7 +513,9 @@ static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k
         memcpy(sp->dtok + sp->dn, sp->ctx + sp->dn, (size_t)c * sizeof(int32_t));
         sp->dn += c;
     }
-    *catchup_s = df_now() - t0;
+    /* the token or two every pass brings (the target's own last tokens) are
+     * drafting in the steady state, not a catch-up */
+    *catchup_s = lag > 2 ? df_now() - t0 : 0.0;
     if (lag >= 8) { /* a few tokens say more about the call than the tokens */
         double per = *catchup_s / lag;
         sp->gt.t_catchup = sp->gt.t_catchup < 0 ? per : sp->gt.t_catchup + D_ALPHA * (per - sp->gt.t_catchup);
