@@ -38,7 +38,8 @@ else
     s="The river ran past the old mill, under the stone bridge and on through the meadows where the cattle grazed, until it reached the town. "
     P1="$s$s${s:0:60}"
 fi
-P2=$'Shopping list:\n1. apples\n2. bananas\n3. carrots\n4. dates\n5.'
+# (the demo model ends a shopping list after 5 tokens: a list it continues)
+P2=$'Contents:\n1. Introduction\n2. Early life\n3. Career\n4. Personal life\n5.'
 P3="Once upon a time, in a small village at the edge of a great forest, there lived"
 PROMPTS=("$P1" "$P2" "$P3")
 NAMES=(passage list free)
@@ -77,15 +78,16 @@ done
 import json, statistics, sys
 tmp, reps, n_p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 names, arms = sys.argv[4].split(), sys.argv[5].split()
-print(f"{'prompt':8} {'arm':7} {'tok/s (median)':>15} {'speed-up':>8} {'accept':>7} {'depth':>6} {'MB/token':>9}")
+print(f"{'prompt':8} {'arm':7} {'tokens':>6} {'tok/s (median)':>15} {'speed-up':>8} {'accept':>7} {'depth':>6} {'MB/token':>9}")
 for p in range(n_p):
     base = None
     for a in arms:
-        tps, acc, depth, mb = [], [], [], []
+        tps, acc, depth, mb, ntok = [], [], [], [], []
         for r in range(1, reps + 1):
             ev = [json.loads(l) for l in open(f"{tmp}/{p}-{a}-{r}.jsonl")]
             s = next(e for e in ev if e["event"] == "summary")
             tps.append(s["tokens_per_s"])
+            ntok.append(s["decode_tokens"] + 1)
             mb.append(s["bytes_missed_per_token"] / 1e6)
             sp = [e for e in ev if e["event"] == "speculative"]
             if sp:
@@ -97,6 +99,6 @@ for p in range(n_p):
         up = m / base if base else 0.0
         ac = f"{statistics.median(acc):.2f}" if acc else "-"
         dp = f"{statistics.median(depth):.2f}" if depth else "-"
-        print(f"{names[p]:8} {a:7} {m:15.3f} {up:8.2f} {ac:>7} {dp:>6} {statistics.median(mb):9.2f}")
+        print(f"{names[p]:8} {a:7} {statistics.median(ntok):6.0f} {m:15.3f} {up:8.2f} {ac:>7} {dp:>6} {statistics.median(mb):9.2f}")
 EOF
 say "(results in $LOG)"

@@ -77,6 +77,11 @@ typedef struct df_engine_opts {
      * trace's MoE layer count, experts per layer and top-k must match the
      * model. NULL: the model's own routing. The server never sets it. */
     const char *replay_routing;
+    /* Bytes the budget must also hold for something outside this engine that
+     * the process keeps resident (a draft model: df_spec_draft_bytes), and
+     * what it is, for the budget's error message. */
+    uint64_t reserve_bytes;
+    const char *reserve_for;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -103,6 +108,8 @@ typedef struct df_model_info {
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
 void df_engine_close(df_engine *eng);
 const df_model_info *df_engine_info(const df_engine *eng);
+/* Bytes a session of max_context positions allocates (KV cache and buffers). */
+uint64_t df_engine_session_bytes(const df_engine *eng, int max_context);
 /* Counters since the engine was opened (expert streaming fields are zero when
  * the experts are resident). */
 typedef struct df_stats {
@@ -282,6 +289,11 @@ typedef struct df_spec_stats {
     double plain_bytes, verify_bytes; /* expert bytes read: mean per plain step, per pass */
     double plain_time_s, spec_time_s; /* totals spent in plain steps / verify passes */
     double speedup;          /* measured: plain s/token over verify-pass s/token */
+    double run_speedup;      /* measured: the whole decode against plain steps only
+                                (tokens x mean plain step over the time of all passes) */
+    uint64_t probes_declined; /* times a draft model's probe was not worth its catch-up */
+    double draft_token_s;    /* drafter: mean seconds per drafted token (catch-up aside) */
+    double row_cost;         /* gate: cost of one drafted token in plain steps (verify row + drafting) */
 } df_spec_stats;
 
 /* Called on every row of target (and draft) logits before the sampler sees it,
@@ -290,6 +302,13 @@ typedef void (*df_logits_fn)(void *user, float *logits, int vocab, const int32_t
                              int n_history);
 
 int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *opts, df_error *err);
+/* Bytes speculative decoding with opts keeps resident for a target of the
+ * given vocabulary and a context of `context` tokens: a draft model's weights,
+ * its KV cache and buffers, and the verification rows (vocab 0: a draft
+ * model's own vocabulary, which must be the target's; for lookup, then only
+ * the context copy). For the target's df_engine_opts.reserve_bytes, before
+ * the target is opened (the draft is opened and closed to size it). */
+int df_spec_draft_bytes(const df_spec_opts *opts, int vocab, int context, uint64_t *bytes, df_error *err);
 void df_spec_free(df_spec *sp);
 void df_spec_set_logits_hook(df_spec *sp, df_logits_fn fn, void *user);
 /* One decoding step. s holds the keys/values of hist[0 .. n_hist-1): the last

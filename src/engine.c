@@ -123,16 +123,23 @@ static int budget_left(df_engine *e, const df_engine_opts *o, bool experts_resid
     /* The default chunk is a speed choice, not a promise: under a tight budget
      * it shrinks so that its buffers take at most a quarter of what the
      * weights and the KV cache leave, the rest going to expert slots. */
-    uint64_t fixed = rss_bytes() + session_bytes(m, ctx, 0) + BUDGET_MARGIN;
+    uint64_t fixed = rss_bytes() + session_bytes(m, ctx, 0) + BUDGET_MARGIN + o->reserve_bytes;
     if (!o->prefill_chunk && fixed < o->ram_budget)
         while (e->chunk > 16 && df_fwd_buf_bytes(m, e->chunk, ctx) > (o->ram_budget - fixed) / 4)
             e->chunk /= 2;
-    uint64_t need = rss_bytes() + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN;
-    if (need >= o->ram_budget)
+    uint64_t need = rss_bytes() + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN + o->reserve_bytes;
+    if (need >= o->ram_budget) {
+        if (o->reserve_bytes)
+            return df_fail(err, DF_ERR_ARG,
+                           "--ram-budget %.1f MiB is too small: the weights kept in RAM, the tokenizer, "
+                           "a %d-token context and %.1f MiB for %s already need %.1f MiB",
+                           (double)o->ram_budget / 1048576.0, ctx, (double)o->reserve_bytes / 1048576.0,
+                           o->reserve_for ? o->reserve_for : "other data", (double)need / 1048576.0);
         return df_fail(err, DF_ERR_ARG,
                        "--ram-budget %.1f MiB is too small: the weights kept in RAM, the tokenizer "
                        "and a %d-token context already need %.1f MiB",
                        (double)o->ram_budget / 1048576.0, ctx, (double)need / 1048576.0);
+    }
     *left = o->ram_budget - need;
     return DF_OK;
 }
@@ -333,6 +340,12 @@ void df_engine_close(df_engine *e) {
     df_tokenizer_free(e->tok);
     df_model_free(&e->model);
     free(e);
+}
+
+uint64_t df_engine_session_bytes(const df_engine *e, int max_ctx) {
+    const df_config *c = &e->model.cfg;
+    if (max_ctx <= 0 || max_ctx > c->max_position_embeddings) max_ctx = c->max_position_embeddings;
+    return session_bytes(&e->model, max_ctx, e->chunk);
 }
 
 const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }

@@ -192,14 +192,24 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
 
 static df_engine *open_engine(const opts *o) {
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
+    df_error err;
+    /* A RAM budget holds the draft model too: the target's expert cache gets
+     * what the draft's weights, KV cache and buffers leave. */
+    uint64_t reserve = 0;
+    char what[600] = "";
+    if (o->draft && o->ram_budget) {
+        df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .isa = o->isa};
+        if (df_spec_draft_bytes(&so, 0, o->ctx ? o->ctx : 4096, &reserve, &err)) die_err(&err);
+        snprintf(what, sizeof what, "the draft %s", strcmp(o->draft, "lookup") ? o->draft : "(lookup)");
+    }
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
                          .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth,
-                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay};
+                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay,
+                         .reserve_bytes = reserve, .reserve_for = what};
     df_engine *e;
-    df_error err;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
     return e;
 }
@@ -585,78 +595,56 @@ static int cmd_run(int argc, char **argv) {
     df_text_stream ts = {0};
     char buf[4096];
     df_stats after_prefill;
-    if (sp) {
-        /* The step evaluates the last history token itself (with the drafts), so
-         * the prefill leaves the prompt's last token out. */
-        t0 = now_s();
-        progress_state ps = {t0, t0};
-        if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
-        if (n > 1 && df_session_eval(s, ids, (int)n - 1, NULL, 0, &err)) die_err(&err);
-        df_session_set_progress(s, NULL, NULL);
-        t1 = now_s();
-        df_engine_stats(e, &prev);
-        report(ev, o.stats, "prefill", (int)n - 1, &st0, &prev, t1 - t0);
-        after_prefill = prev;
-        io0 = storage_read_bytes();
-        int32_t *got = malloc(sizeof(int32_t) * 17);
-        int produced = 0;
+    /* One prefill for both loops: the whole prompt with its last row's logits,
+     * and the first token sampled from them as plain decoding does, so a run
+     * with --draft pays nothing extra for it (the last prompt token evaluated
+     * alone would read its experts a second time). Speculative steps then
+     * start with the session holding all history but the token just drawn. */
+    t0 = now_s();
+    progress_state ps = {t0, t0};
+    if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
+    if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
+    df_session_set_progress(s, NULL, NULL);
+    t1 = now_s();
+    df_engine_stats(e, &prev);
+    report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
+    after_prefill = prev;
+    io0 = storage_read_bytes();
+    uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
+    int32_t got[17];
+    int ng = 1, produced = 0;
+    got[0] = df_sampler_sample(smp, logits, V, hist, (int)nh);
+    for (;;) {
         bool done = false;
-        while (!done && produced < o.max_new) {
-            int ng;
-            double ts0 = now_s();
-            if (df_spec_step(sp, s, smp, hist, (int)nh, got, o.max_new - produced, &ng, &err)) die_err(&err);
-            n_decoded += ng; /* rows the target accepted (the last new token is not yet evaluated) */
-            df_engine_stats(e, &now);
-            report(ev, o.stats, "token", ng, &prev, &now, now_s() - ts0);
-            prev = now;
-            for (int i = 0; i < ng && !done; i++) {
-                int32_t t = got[i];
-                hist[nh++] = t;
-                emit_token(e, &ts, t, produced == 0, o.print_ids);
-                produced++;
-                if (df_is_stop_token(e, t) || produced == o.max_new) done = true;
-                else if ((int)nh > ctx) {
-                    fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
-                    done = true;
-                }
-            }
-            fflush(stdout);
-        }
-        free(got);
-    } else {
-        t0 = now_s();
-        progress_state ps = {t0, t0};
-        if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
-        if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
-        df_session_set_progress(s, NULL, NULL);
-        t1 = now_s();
-        df_engine_stats(e, &prev);
-        report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
-        after_prefill = prev;
-        io0 = storage_read_bytes();
-        uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
-        for (int step = 0; step < o.max_new; step++) {
-            int32_t t = df_sampler_sample(smp, logits, V, hist, (int)nh);
+        for (int i = 0; i < ng && !done; i++) {
+            int32_t t = got[i];
             if (o.teacher_seed) {
                 tf = tf * 6364136223846793005ull + 1442695040888963407ull;
                 t = (int32_t)((tf >> 33) % (uint64_t)V);
             }
             hist[nh++] = t;
-            emit_token(e, &ts, t, step == 0, o.print_ids);
-            fflush(stdout);
-            if (df_is_stop_token(e, t) && !o.teacher_seed) break;
-            if (step + 1 == o.max_new) break;
-            if (df_session_pos(s) + 1 > ctx) {
-                fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
-                break;
-            }
-            double ts0 = now_s();
-            if (df_session_eval(s, &t, 1, logits, 0, &err)) die_err(&err);
-            n_decoded++;
-            df_engine_stats(e, &now);
-            report(ev, o.stats, "token", 1, &prev, &now, now_s() - ts0);
-            prev = now;
+            emit_token(e, &ts, t, produced == 0, o.print_ids);
+            produced++;
+            if ((df_is_stop_token(e, t) && !o.teacher_seed) || produced == o.max_new) done = true;
         }
+        fflush(stdout);
+        if (done) break;
+        if ((int)nh > ctx) {
+            fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
+            break;
+        }
+        double ts0 = now_s();
+        if (sp) {
+            if (df_spec_step(sp, s, smp, hist, (int)nh, got, o.max_new - produced, &ng, &err)) die_err(&err);
+        } else {
+            if (df_session_eval(s, &hist[nh - 1], 1, logits, 0, &err)) die_err(&err);
+            got[0] = df_sampler_sample(smp, logits, V, hist, (int)nh);
+            ng = 1;
+        }
+        n_decoded += ng; /* rows whose tokens the target produced from its own evaluation */
+        df_engine_stats(e, &now);
+        report(ev, o.stats, "token", ng, &prev, &now, now_s() - ts0);
+        prev = now;
     }
     double t2 = now_s();
     uint64_t io_dec = storage_read_bytes() - io0;
@@ -679,11 +667,13 @@ static int cmd_run(int argc, char **argv) {
                     "{\"event\":\"speculative\",\"passes\":%llu,\"verify_passes\":%llu,\"drafted\":%llu,"
                     "\"accepted\":%llu,\"switched_off\":%llu,\"depth\":%d,\"mean_depth\":%.4f,"
                     "\"plain_s\":%.6f,\"verify_s\":%.6f,\"plain_bytes\":%.1f,\"verify_bytes\":%.1f,"
-                    "\"speedup\":%.4f}\n",
+                    "\"speedup\":%.4f,\"run_speedup\":%.4f,\"probes_declined\":%llu,"
+                    "\"draft_token_s\":%.6f,\"row_cost\":%.4f}\n",
                     (unsigned long long)ss.passes, (unsigned long long)ss.verify_passes,
                     (unsigned long long)ss.drafted, (unsigned long long)ss.accepted,
                     (unsigned long long)ss.switched_off, ss.depth, ss.mean_depth, ss.plain_s, ss.verify_s,
-                    ss.plain_bytes, ss.verify_bytes, ss.speedup);
+                    ss.plain_bytes, ss.verify_bytes, ss.speedup, ss.run_speedup,
+                    (unsigned long long)ss.probes_declined, ss.draft_token_s, ss.row_cost);
         }
     }
     if (g_bench) {

@@ -158,4 +158,32 @@ expect_error spec-k-range "--draft-k expects an integer in 1..16" "$ENG" run --m
 expect_error spec-k-needs-draft "need --draft" "$ENG" run --model "$MOE" --prompt-tokens 1 --lookup-n 2
 expect_error spec-teacher "cannot be combined" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
 
+# --ram-budget holds the draft model too (weights, KV cache, buffers): a budget
+# the target alone fits in is refused, naming the draft, once the draft comes
+# along; where both fit, the expert cache gets less than without the draft.
+DM=models/demo-moe; DD=models/demo-draft
+need_of() { sed -n 's/.*already need \([0-9.]*\) MiB.*/\1/p' "$T/err"; }
+"$ENG" run --model "$DM" --prompt-tokens 1,2 --max-new 1 --ctx 256 --ram-budget 1M >/dev/null 2>"$T/err"; need0=$(need_of)
+"$ENG" run --model "$DM" --prompt-tokens 1,2 --max-new 1 --ctx 256 --ram-budget 1M --draft "$DD" >/dev/null 2>"$T/err"
+resv=$(sed -n 's/.* and \([0-9.]*\) MiB for the draft .*/\1/p' "$T/err")
+if [ -z "$need0" ] || [ -z "$resv" ]; then
+    bad spec-budget "no sizes in the budget errors: $(cat "$T/err")"
+else
+    mid=$($PY -c "print(int(($need0 + $resv / 2) * 1024))")K
+    big=$($PY -c "print(int(($need0 + $resv + 16) * 1024))")K
+    if "$ENG" run --model "$DM" --prompt-tokens 1,2 --max-new 2 --ctx 256 --ram-budget "$mid" >/dev/null 2>"$T/err"; then
+        expect_error spec-budget-counts-draft "MiB for the draft $DD" "$ENG" run --model "$DM" --prompt-tokens 1,2 \
+            --max-new 2 --ctx 256 --ram-budget "$mid" --draft "$DD"
+    else
+        bad spec-budget-target-alone "$mid: $(cat "$T/err")"
+    fi
+    cache_of() { $PY -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if '\"summary\"' in l][0]['cache_bytes'])" "$1"; }
+    "$ENG" run --model "$DM" --prompt-tokens 1,2,3 --max-new 4 --ctx 256 --ram-budget "$big" --temp 0 --print-ids \
+        --events "$T/ev0" >"$T/o0" 2>"$T/err" &&
+    "$ENG" run --model "$DM" --prompt-tokens 1,2,3 --max-new 4 --ctx 256 --ram-budget "$big" --temp 0 --print-ids \
+        --draft "$DD" --events "$T/ev1" >"$T/o1" 2>>"$T/err" &&
+    c0=$(cache_of "$T/ev0") && c1=$(cache_of "$T/ev1") && cmp -s "$T/o0" "$T/o1" && [ "$c1" -lt "$c0" ] \
+        && ok spec-budget-cache-shrinks || bad spec-budget-cache-shrinks "cache ${c0:-?} vs ${c1:-?} with the draft: $(tail -2 "$T/err")"
+fi
+
 finish

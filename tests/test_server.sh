@@ -350,10 +350,11 @@ for b in "${spec_bodies[@]}"; do
     want+=("$(jq_py "$summary_py")")
 done
 PORT3=$((PORT + 2000))
-# (lookup at a fixed depth, so that drafts are checked whatever the gate would say)
+# (at a fixed depth, so that drafts are checked whatever the gate would say: it
+# never probes the target as its own draft, whose drafted tokens cost a step each)
 for draft in lookup "$MODEL"; do
-    name=spec-self; fixed=(); [ "$draft" = lookup ] && name=spec-lookup fixed=(--draft-fixed 3)
-    start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 "${fixed[@]}" || { bad "$name" "did not start"; continue; }
+    name=spec-self; [ "$draft" = lookup ] && name=spec-lookup
+    start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 --draft-fixed 3 || { bad "$name" "did not start"; continue; }
     S3=$SPID
     U3=http://127.0.0.1:$PORT3
     same=1
@@ -391,6 +392,31 @@ EOF
 done
 "$ENG" serve --model "$MODEL" --port "$PORT3" --draft "$T/nonexistent-draft" >"$T/bad3.out" 2>&1
 [ $? -eq 2 ] && grep -q "nonexistent-draft" "$T/bad3.out" && ok spec-bad-draft || bad spec-bad-draft "$(cat "$T/bad3.out")"
+# --draft-rejection (as in `deltafin run`): greedy text unchanged; a seeded
+# sample reproduces at a fixed depth and is not the plain server's sample for
+# that seed (rejection sampling draws other uniforms: the flag is in force)
+seeded='{"model":"m","prompt":"Once upon a time","max_tokens":12,"temperature":1,"seed":7}'
+post /v1/completions "$seeded" >/dev/null; plain_seeded=$(jq_py 'd["choices"][0]["text"]')
+if start_server "$T/s4.log" "$PORT3" --ctx 8192 --draft "$MODEL" --draft-rejection --draft-fixed 2; then
+    S4=$SPID
+    U4=http://127.0.0.1:$PORT3
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U4/v1/completions" --data-binary "${spec_bodies[1]}"
+    got=$(jq_py "$summary_py")
+    [ -n "$got" ] && [ "$got" = "${want[1]}" ] && ok spec-rejection-greedy || bad spec-rejection-greedy "$got vs plain ${want[1]}"
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U4/v1/completions" --data-binary "$seeded"; a=$(jq_py 'd["choices"][0]["text"]')
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U4/v1/completions" --data-binary "$seeded"; b=$(jq_py 'd["choices"][0]["text"]')
+    [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$plain_seeded" ] && ok spec-rejection-seed \
+        || bad spec-rejection-seed "'$a' vs '$b' (plain server: '$plain_seeded')"
+    kill -TERM "$S4"; rc4=0; wait "$S4" || rc4=$?
+    PIDS=("${PIDS[@]/$S4}")
+    if [ $rc4 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s4.log"; then ok spec-rejection-shutdown
+    else bad spec-rejection-shutdown "exit $rc4: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s4.log" | head -30)"; fi
+else
+    bad spec-rejection "did not start"
+fi
+"$ENG" serve --model "$MODEL" --port "$PORT3" --draft-rejection >"$T/bad4.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--draft-rejection need --draft" "$T/bad4.out" && ok spec-rejection-needs-draft \
+    || bad spec-rejection-needs-draft "$(cat "$T/bad4.out")"
 
 # ---- metrics and clean shutdown (no leak or sanitizer report)
 curl -s "$U/metrics" >"$T/metrics"

@@ -36,18 +36,28 @@
  * Rejected rows' keys/values are dropped by truncating the session (and the
  * draft's).
  *
- * The gate. Cost is measured in wall time (which covers the expert bytes read,
- * the draft's own work and compute alike): t_plain is a running mean of plain
- * steps; a pass that drafted k tokens costs (1 + g k) plain steps, g learned
- * from the passes. With a per-token acceptance estimate a, a pass of depth k
- * yields E(k) = 1 + a + ... + a^k tokens, so it pays by S(k) = E(k) / (1 + g k).
- * The gate drafts at the k that maximises S, and stops drafting when no k gives
- * S >= 1 (a < g is enough to stop), then probes again after a back-off that
- * grows 4x each time a probe fails, and is at least PROBE_AMORTIZE times what
- * the failed pass wasted. g never falls below G_MIN (a verification
- * row is never free), so a drafter that is always wrong is switched off within
- * a bounded number of passes whatever the timings say. While drafting, one
- * plain step in every CALIBRATE passes keeps t_plain current.
+ * The gate. Costs are measured in wall time (which covers the expert bytes
+ * read, the draft's own work and compute alike), in units of t_plain, a running
+ * mean of plain steps: a pass that drafts k tokens costs 1 + (g + d) k plain
+ * steps, g the extra cost of one verified row (learned from the target's
+ * verify evaluations) and d the drafter's cost per drafted token (learned from
+ * the drafting; for a draft model first measured when it is loaded). With a
+ * per-token acceptance estimate a, a pass of depth k yields
+ * E(k) = 1 + a + ... + a^k tokens, so it pays by S(k) = E(k) / (1 + (g + d) k).
+ * The gate drafts at the k that maximises S. A probe runs at least PROBE_MIN
+ * passes (one rejection says little) unless even a hopeful acceptance
+ * (A_OPTIMISTIC) could not pay for the measured cost; then drafting stops when no k gives S >= 1 (a < g + d is enough to
+ * stop), and probes again after a back-off that grows 4x each time a probe
+ * fails, and is at least PROBE_AMORTIZE times what the failed probe wasted.
+ * g never falls below G_MIN (a verification row is never free), so a drafter
+ * that is always wrong is switched off within a bounded number of passes
+ * whatever the timings say. A draft model must first catch up on the tokens it
+ * has not seen (its own prefill, batched); a probe starts only when what it
+ * could win over the tokens still to come (at an optimistic acceptance) is
+ * PROBE_GAIN times that catch-up, so a short generation never pays for a
+ * draft that cannot earn it back. While drafting is off the draft model does
+ * nothing at all. While drafting, one plain step in every CALIBRATE passes
+ * keeps t_plain current.
  */
 #include "decode/speculative.h"
 #include "decode/sampler.h"
@@ -65,9 +75,21 @@
 #define G_ALPHA 0.2
 #define G_MIN 0.05
 #define G_MAX 8.0
+#define D_ALPHA 0.2
 #define T_ALPHA 0.2
+#define PROBE_MIN 3     /* verify passes before a probe may be judged a failure */
+#define G_ALPHA_PROBE 0.5 /* weight of a probe's first pass in g: the prior is a guess */
+#define A_OPTIMISTIC 0.8 /* acceptance a probe's admission hopes for */
+#define PROBE_GAIN 2.0  /* a probe must hope to win this many times its catch-up */
 #define PLAIN_FIRST 3   /* plain steps before the first draft; the first is not
                            measured (a cold expert cache would flatter drafting) */
+#define PLAIN_FIRST_MODEL 16 /* ... before a draft model's first probe, whose
+                           catch-up is judged against settled plain steps (the
+                           first ones after a prompt, still filling the expert
+                           cache, can be several times slower) */
+/* The draft's load-time measures are taken alone; in the loop it shares the
+ * CPUs with the target's threads and is about this much slower. */
+#define WARM_SLOWDOWN 2.0
 #define CALIBRATE 32    /* verify passes between plain measurements */
 /* Plain steps before probing again; x4 after each failed probe. A failed probe
  * costs more than its pass: a wrong row's experts are read and evict useful
@@ -87,8 +109,17 @@ enum { DRAFT_LOOKUP, DRAFT_MODEL, DRAFT_FN };
 
 typedef struct gate {
     double a, g, t_plain;
+    double t_plain_min; /* the fastest plain step seen (0: none yet) */
+    double t_draft;    /* drafter seconds per drafted token (running mean; < 0: unknown) */
+    double t_catchup;  /* draft model seconds per caught-up token (< 0: unknown) */
+    int n_draft_obs;   /* drafting measured in passes (the load-time measure is a guess:
+                          in the loop the draft shares the CPUs with the target's threads) */
     int n_plain;
     int off_left, backoff, on_passes, since_plain;
+    bool probing;      /* the next verify pass starts a probe */
+    int probe_passes;  /* verify passes in the current probe */
+    double probe_s;    /* their wall time, catch-up included */
+    int probe_tokens;  /* tokens they produced */
 } gate;
 
 struct df_spec {
@@ -115,6 +146,8 @@ struct df_spec {
     gate gt;
     df_spec_stats st;
     uint64_t plain_passes, plain_bytes, verify_bytes;
+    double draft_s;   /* drafting time of verify passes, the draft model's catch-up aside */
+    double catchup_s; /* the draft model's catch-up (its prefill of unseen tokens) */
 };
 
 /* ---- setup ------------------------------------------------------------------------ */
@@ -139,6 +172,43 @@ static int check_tokenizer(const df_engine *t, const df_engine *d, const char *d
                            dir, id);
     }
     return DF_OK;
+}
+
+/* Tokens through the draft while loading: its weights are faulted in and its
+ * threads started here, not in the first probe, and the gate gets its first
+ * measure of what the draft costs per drafted token and per caught-up token
+ * (the fastest of a few tries: the first ones pay for cold caches). */
+#define WARM_PREFILL 16
+#define WARM_STEPS 4
+static int measure_draft(df_spec *sp, df_error *err) {
+    df_session *w = NULL;
+    int32_t t[WARM_PREFILL];
+    int V = df_engine_info(sp->deng)->vocab_size;
+    for (int i = 0; i < WARM_PREFILL; i++) t[i] = (int32_t)((7 + 131 * i) % V);
+    int rc = df_session_new(&w, sp->deng, 2 * WARM_PREFILL + WARM_STEPS + 1, err);
+    if (rc == DF_OK) rc = df_session_eval(w, t, 1, NULL, 0, err);
+    double pre = 1e30, step = 1e30;
+    for (int r = 0; r < 2 && rc == DF_OK; r++) {
+        if ((rc = df_session_truncate(w, 1, err))) break;
+        double t0 = df_now();
+        if ((rc = df_session_eval(w, t, WARM_PREFILL, NULL, 0, err))) break;
+        double dt = (df_now() - t0) / WARM_PREFILL;
+        if (dt < pre) pre = dt;
+    }
+    float *lg = rc == DF_OK ? df_xmalloc(sizeof(float) * (size_t)V) : NULL;
+    for (int i = 0; i < WARM_STEPS && rc == DF_OK; i++) {
+        double t0 = df_now();
+        if ((rc = df_session_eval(w, &t[i], 1, lg, 0, err))) break;
+        double dt = df_now() - t0;
+        if (dt < step) step = dt;
+    }
+    free(lg);
+    df_session_free(w);
+    if (rc == DF_OK) {
+        sp->gt.t_catchup = pre * WARM_SLOWDOWN;
+        sp->gt.t_draft = step * WARM_SLOWDOWN;
+    }
+    return rc;
 }
 
 int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_error *err) {
@@ -166,16 +236,7 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
         df_engine_opts eo = {.model_dir = o->draft, .n_threads = o->n_threads, .isa = o->isa};
         int rc = df_engine_open(&sp->deng, &eo, err);
         if (rc == DF_OK) rc = check_tokenizer(target, sp->deng, o->draft, err);
-        if (rc == DF_OK) {
-            /* One token through the draft now: its weights are faulted in and its
-             * threads started while loading, not in the first probe, which would
-             * otherwise look (and be) many plain steps expensive. */
-            df_session *w = NULL;
-            int32_t t0 = 0;
-            rc = df_session_new(&w, sp->deng, 1, err);
-            if (rc == DF_OK) rc = df_session_eval(w, &t0, 1, NULL, 0, err);
-            df_session_free(w);
-        }
+        if (rc == DF_OK) rc = measure_draft(sp, err);
         if (rc) {
             df_spec_free(sp);
             return rc;
@@ -185,8 +246,35 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
     }
     sp->rows = df_xmalloc(sizeof(float) * (size_t)sp->V * (size_t)(k_max + 1));
     sp->p = df_xmalloc(sizeof(float) * (size_t)sp->V);
-    sp->gt = (gate){.a = A_PRIOR, .g = G_PRIOR, .backoff = BACKOFF_MIN};
+    double td = sp->kind == DRAFT_MODEL ? sp->gt.t_draft : -1.0;
+    double tc = sp->kind == DRAFT_MODEL ? sp->gt.t_catchup : -1.0;
+    sp->gt = (gate){.a = A_PRIOR, .g = G_PRIOR, .backoff = BACKOFF_MIN, .probing = true, .t_draft = td,
+                    .t_catchup = tc};
     *out = sp;
+    return DF_OK;
+}
+
+int df_spec_draft_bytes(const df_spec_opts *o, int vocab, int context, uint64_t *bytes, df_error *err) {
+    *bytes = 0;
+    if (!o || !o->draft || !*o->draft || vocab < 0)
+        return df_fail(err, DF_ERR_ARG, "speculative: bad arguments to df_spec_draft_bytes");
+    int k = o->k_max ? o->k_max : 8;
+    /* the context copy */
+    uint64_t b = sizeof(int32_t) * 2 * (uint64_t)(context + k + 1);
+    if (strcmp(o->draft, "lookup") != 0) {
+        df_engine *d;
+        df_engine_opts eo = {.model_dir = o->draft, .n_threads = 1, .isa = o->isa};
+        int rc = df_engine_open(&d, &eo, err);
+        if (rc) return rc;
+        const df_model_info *in = df_engine_info(d);
+        int dctx = context < in->max_context ? context : in->max_context;
+        if (!vocab) vocab = in->vocab_size;
+        /* its weights stay resident (dense, in RAM), one session, its token copy */
+        b += in->bytes_total + df_engine_session_bytes(d, dctx) + sizeof(int32_t) * (uint64_t)dctx;
+        df_engine_close(d);
+    }
+    b += sizeof(float) * (uint64_t)vocab * (uint64_t)(2 * k + 3); /* rows, qrows, p, dlog */
+    *bytes = b;
     return DF_OK;
 }
 
@@ -222,12 +310,22 @@ static double expected_tokens(double a, int k) {
     return e;
 }
 
-/* The depth with the best S(k), and S there. */
-static int best_depth(const df_spec *sp, double *s_best) {
+/* Cost of one drafted token, in plain steps of t seconds: its verify row and
+ * its drafting. */
+static double row_cost_at(const gate *g, double t) {
+    double d = g->t_draft > 0 && t > 0 ? g->t_draft / t : 0.0;
+    return g->g + d;
+}
+
+static double row_cost(const gate *g) { return row_cost_at(g, g->t_plain); }
+
+/* The depth with the best S(k) at acceptance a and cost c per drafted token,
+ * and S there. */
+static int best_depth_ac(const df_spec *sp, double a, double c, double *s_best) {
     int best = 1;
     double sb = 0.0;
     for (int k = 1; k <= sp->k_max; k++) {
-        double s = expected_tokens(sp->gt.a, k) / (1.0 + sp->gt.g * k);
+        double s = expected_tokens(a, k) / (1.0 + c * k);
         if (s > sb) {
             sb = s;
             best = k;
@@ -237,20 +335,51 @@ static int best_depth(const df_spec *sp, double *s_best) {
     return best;
 }
 
-/* Depth for the next pass: 0 = a plain step. */
-static int gate_depth(df_spec *sp) {
+static int best_depth_at(const df_spec *sp, double a, double *s_best) {
+    return best_depth_ac(sp, a, row_cost(&sp->gt), s_best);
+}
+
+static int best_depth(const df_spec *sp, double *s_best) { return best_depth_at(sp, sp->gt.a, s_best); }
+
+/* Whether a probe of the draft model may start at history length n_hist with
+ * `left` tokens still wanted: what it could win (at an optimistic acceptance)
+ * must be PROBE_GAIN times its cost: the catch-up (the tokens the draft has
+ * not seen) and the drafted rows of PROBE_MIN failing passes. Costs are in the
+ * fastest plain step seen: the first steps after a prompt, still filling the
+ * expert cache, would make the draft look cheap. */
+static bool probe_pays(const df_spec *sp, int n_hist, int left) {
+    const gate *g = &sp->gt;
+    if (sp->kind != DRAFT_MODEL || g->t_catchup <= 0 || g->t_plain <= 0) return true;
+    double t = g->t_plain_min > 0 ? g->t_plain_min : g->t_plain;
+    int lag = n_hist - 1 - sp->dn;
+    if (lag < 0) lag = 0;
+    double c = row_cost_at(g, t), cost = (double)lag * g->t_catchup / t + PROBE_MIN * c, s;
+    best_depth_ac(sp, A_OPTIMISTIC, c, &s);
+    double gain = s > 1.0 ? (double)(left - 1) * (1.0 - 1.0 / s) : 0.0;
+    return gain >= PROBE_GAIN * cost;
+}
+
+/* Depth for the next pass: 0 = a plain step. left: tokens still wanted. */
+static int gate_depth(df_spec *sp, int n_hist, int left) {
     gate *g = &sp->gt;
     if (sp->fixed) return sp->fixed;
-    if (g->n_plain < PLAIN_FIRST) return 0;
+    if (g->n_plain < (sp->kind == DRAFT_MODEL ? PLAIN_FIRST_MODEL : PLAIN_FIRST)) return 0;
     if (g->off_left > 0) {
         g->off_left--;
         if (g->off_left == 0) { /* probe again from the prior */
             g->a = A_PRIOR;
             g->on_passes = 0;
+            g->probing = true;
         }
         return 0;
     }
     if (g->since_plain >= CALIBRATE) return 0;
+    if (g->probing && !probe_pays(sp, n_hist, left)) {
+        /* not now: look again later (the draft costs nothing meanwhile) */
+        g->off_left = BACKOFF_MIN;
+        sp->st.probes_declined++;
+        return 0;
+    }
     double s;
     return best_depth(sp, &s);
 }
@@ -259,33 +388,58 @@ static void gate_plain(df_spec *sp, double secs) {
     gate *g = &sp->gt;
     if (g->n_plain == 1) g->t_plain = secs;
     else if (g->n_plain > 1) g->t_plain += T_ALPHA * (secs - g->t_plain);
+    if (g->n_plain >= 1 && (g->t_plain_min <= 0 || secs < g->t_plain_min)) g->t_plain_min = secs;
     g->n_plain++;
     g->since_plain = 0;
 }
 
-/* secs: the pass without the draft's catch-up (what a pass costs in the steady
- * state); total_s: with it (what this probe cost). */
-static void gate_verify(df_spec *sp, int drafted, int accepted, double secs, double total_s) {
+/* verify_s: the target's evaluation and the ruling; draft_s: the drafting
+ * without the draft model's catch-up (what drafting costs in the steady
+ * state); total_s: the whole pass (what it cost). */
+static void gate_verify(df_spec *sp, int drafted, int accepted, double verify_s, double draft_s,
+                        double total_s) {
     gate *g = &sp->gt;
     g->since_plain++;
-    if (sp->fixed) return;
+    if (g->probing) {
+        g->probing = false;
+        g->probe_passes = 0;
+        g->probe_s = 0.0;
+        g->probe_tokens = 0;
+    }
+    g->probe_passes++;
+    g->probe_s += total_s;
+    g->probe_tokens += accepted + 1;
     int seen = accepted < drafted ? accepted + 1 : drafted; /* tokens the target ruled on */
     for (int i = 0; i < seen; i++) g->a += A_ALPHA * ((i < accepted ? 1.0 : 0.0) - g->a);
-    if (g->t_plain > 0) {
-        double obs = (secs / g->t_plain - 1.0) / drafted;
-        g->g += G_ALPHA * (obs - g->g);
+    /* A probe's first pass wakes the drafter's threads and reads experts the
+     * plain steps had not needed yet: like the first plain step, its costs say
+     * little of the steady state (measured up to 3x), so it measures only
+     * acceptance. At a fixed depth costs are measured for --stats only. */
+    bool measure = g->probe_passes > 1 || sp->fixed;
+    if (measure && g->t_plain > 0) {
+        double obs = (verify_s / g->t_plain - 1.0) / drafted;
+        g->g += (g->probe_passes == 2 ? G_ALPHA_PROBE : G_ALPHA) * (obs - g->g);
         if (g->g < G_MIN) g->g = G_MIN;
         if (g->g > G_MAX) g->g = G_MAX;
     }
-    double s;
+    if (measure) {
+        double per = draft_s / drafted;
+        g->t_draft = g->n_draft_obs++ == 0 ? per : g->t_draft + D_ALPHA * (per - g->t_draft);
+    }
+    if (sp->fixed) return;
+    double s, s_hopeful;
     best_depth(sp, &s);
-    if (s < 1.0) {
-        double wasted = g->t_plain > 0 ? total_s / g->t_plain - (accepted + 1) : 0.0;
+    best_depth_at(sp, A_OPTIMISTIC, &s_hopeful);
+    /* A measured pass is enough to judge when even a hopeful acceptance would
+     * not pay for what a drafted token was measured to cost. */
+    bool judged = g->probe_passes >= PROBE_MIN || (g->probe_passes >= 2 && s_hopeful < 1.0);
+    if (s < 1.0 && judged) {
+        double wasted = g->t_plain > 0 ? g->probe_s / g->t_plain - g->probe_tokens : 0.0;
         double off = wasted * PROBE_AMORTIZE;
         g->off_left = off > g->backoff ? (off < OFF_MAX ? (int)off : OFF_MAX) : g->backoff;
         g->backoff = g->backoff * BACKOFF_MUL > BACKOFF_MAX ? BACKOFF_MAX : g->backoff * BACKOFF_MUL;
         sp->st.switched_off++;
-    } else if (++g->on_passes == PROBE_OK) {
+    } else if (s >= 1.0 && ++g->on_passes == PROBE_OK) {
         g->backoff = BACKOFF_MIN;
     }
 }
@@ -330,6 +484,7 @@ static int32_t draw(const float *p, int V, double u) {
 static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k, int *kd,
                        double *catchup_s, df_error *err) {
     *kd = 0;
+    double t0 = df_now();
     if (!sp->dsess) {
         int cap = df_session_capacity(s), dmax = df_engine_info(sp->deng)->max_context;
         sp->dcap = cap < dmax ? cap : dmax;
@@ -347,7 +502,7 @@ static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k
         if ((rc = df_session_truncate(sp->dsess, L, err))) return rc;
         sp->dn = L;
     }
-    double t0 = df_now();
+    int lag = n - 1 - sp->dn;
     while (sp->dn < n - 1) {
         int c = n - 1 - sp->dn < CATCHUP_CHUNK ? n - 1 - sp->dn : CATCHUP_CHUNK;
         if ((rc = df_session_eval(sp->dsess, sp->ctx + sp->dn, c, NULL, 0, err))) {
@@ -358,7 +513,13 @@ static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k
         memcpy(sp->dtok + sp->dn, sp->ctx + sp->dn, (size_t)c * sizeof(int32_t));
         sp->dn += c;
     }
-    *catchup_s = df_now() - t0;
+    /* the token or two every pass brings (the target's own last tokens) are
+     * drafting in the steady state, not a catch-up */
+    *catchup_s = lag > 2 ? df_now() - t0 : 0.0;
+    if (lag >= 8) { /* a few tokens say more about the call than the tokens */
+        double per = *catchup_s / lag;
+        sp->gt.t_catchup = sp->gt.t_catchup < 0 ? per : sp->gt.t_catchup + D_ALPHA * (per - sp->gt.t_catchup);
+    }
     bool greedy = df_sampler_is_greedy(smp);
     for (int i = 0; i < k; i++) {
         int32_t t = sp->ctx[n - 1 + i];
@@ -442,7 +603,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
     int cap = df_session_capacity(s);
     if (n_hist > cap)
         return df_fail(err, DF_ERR_CONTEXT, "speculative: the context of %d tokens is full", cap);
-    int k = gate_depth(sp);
+    int k = gate_depth(sp, n_hist, max_out);
     if (k > max_out - 1) k = max_out - 1;
     if (k > cap - n_hist) k = cap - n_hist;
     if (sp->ctx_cap < n_hist + sp->k_max + 1) {
@@ -455,7 +616,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
     df_engine_stats(sp->tgt, &b0);
     double t0 = df_now();
     int kd = 0, rc;
-    double catchup = 0.0;
+    double catchup = 0.0, t_draft_end;
     if (k > 0) {
         if (sp->kind == DRAFT_MODEL) {
             if ((rc = draft_model(sp, s, smp, n_hist, k, &kd, &catchup, err))) return rc;
@@ -469,6 +630,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         for (int i = 0; i < kd; i++)
             if (sp->ctx[n_hist + i] < 0 || sp->ctx[n_hist + i] >= sp->V) kd = i;
     }
+    t_draft_end = df_now();
     if ((rc = df_session_eval(s, sp->ctx + n_hist - 1, kd + 1, sp->rows, 1, err))) return rc;
     int32_t next = 0;
     int acc = verify(sp, smp, n_hist, kd, &next);
@@ -499,9 +661,12 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         st->spec_tokens += (uint64_t)(acc + 1);
         sp->verify_bytes += bytes;
         st->spec_time_s += secs;
+        double draft_s = t_draft_end - t0;
+        sp->draft_s += draft_s - catchup;
+        sp->catchup_s += catchup;
         /* Bringing the draft up to date after the prompt or a pause is the
          * draft's prefill, not what a pass costs in the steady state. */
-        gate_verify(sp, kd, acc, secs - catchup, secs);
+        gate_verify(sp, kd, acc, secs - draft_s, draft_s - catchup, secs);
     }
     return DF_OK;
 }
@@ -521,6 +686,10 @@ void df_spec_stats_get(const df_spec *sp, df_spec_stats *o) {
     o->verify_bytes = o->verify_passes ? (double)sp->verify_bytes / (double)o->verify_passes : 0.0;
     double per_plain = o->plain_s, per_spec = o->spec_tokens ? o->spec_time_s / (double)o->spec_tokens : 0.0;
     o->speedup = per_plain > 0 && per_spec > 0 ? per_plain / per_spec : 0.0;
+    double all = o->plain_time_s + o->spec_time_s;
+    o->run_speedup = per_plain > 0 && all > 0 ? (double)o->tokens * per_plain / all : 0.0;
+    o->draft_token_s = o->drafted ? sp->draft_s / (double)o->drafted : 0.0;
+    o->row_cost = row_cost(&sp->gt);
 }
 
 void df_spec_report(const df_spec *sp, FILE *f) {
@@ -529,13 +698,16 @@ void df_spec_report(const df_spec *sp, FILE *f) {
     const char *kind = sp->kind == DRAFT_MODEL ? "draft model" : sp->kind == DRAFT_FN ? "custom" : "lookup";
     fprintf(f,
             "speculative (%s): %llu passes, %llu verifying; drafted %llu, accepted %llu (%.1f%%); "
-            "mean depth %.2f, depth now %d%s; switched off %llu times\n"
+            "mean depth %.2f, depth now %d%s; switched off %llu times, probes declined %llu\n"
             "  plain step %.4f s, %.2f MB read; verify pass %.4f s, %.2f MB read; "
-            "%.2f tokens/pass; measured speed-up of verify passes %.2fx\n",
+            "%.2f tokens/pass; drafting %.5f s/token (+ %.4f s catching up); a drafted token "
+            "costs %.3f plain steps\n"
+            "  measured speed-up: verify passes %.2fx, whole decode %.2fx (against its own plain steps)\n",
             kind, (unsigned long long)s.passes, (unsigned long long)s.verify_passes,
             (unsigned long long)s.drafted, (unsigned long long)s.accepted,
             s.drafted ? 100.0 * (double)s.accepted / (double)s.drafted : 0.0, s.mean_depth, s.depth,
-            sp->fixed ? " (fixed)" : "", (unsigned long long)s.switched_off, s.plain_s,
-            s.plain_bytes / 1e6, s.verify_s, s.verify_bytes / 1e6,
-            s.verify_passes ? (double)s.spec_tokens / (double)s.verify_passes : 0.0, s.speedup);
+            sp->fixed ? " (fixed)" : "", (unsigned long long)s.switched_off,
+            (unsigned long long)s.probes_declined, s.plain_s, s.plain_bytes / 1e6, s.verify_s,
+            s.verify_bytes / 1e6, s.verify_passes ? (double)s.spec_tokens / (double)s.verify_passes : 0.0,
+            s.draft_token_s, sp->catchup_s, s.row_cost, s.speedup, s.run_speedup);
 }

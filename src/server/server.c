@@ -48,7 +48,7 @@ typedef struct srv_opts {
     const char *model, *experts, *isa, *policy, *host, *api_key, *prefetch, *draft;
     uint64_t ram_budget, pin, expert_cache, max_body;
     int threads, ctx, port, queue, prefetch_depth, draft_k, lookup_n, draft_fixed;
-    bool insecure_bind;
+    bool insecure_bind, draft_rejection;
 } srv_opts;
 
 static const char SERVE_HELP[] =
@@ -80,7 +80,10 @@ static const char SERVE_HELP[] =
     "                       checkpoint sharing the tokenizer, or prompt lookup\n"
     "  --draft-k N          most tokens drafted per pass (1..16, default 8)\n"
     "  --lookup-n N         lookup: longest n-gram matched (1..16, default 3)\n"
-    "  --draft-fixed N      measurement and tests: always draft N tokens, no gate\n";
+    "  --draft-fixed N      measurement and tests: always draft N tokens, no gate\n"
+    "  --draft-rejection    sampling: standard rejection sampling (the same distribution,\n"
+    "                       higher acceptance for a draft model, but not the same sample\n"
+    "                       for a seed as without --draft)\n";
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -122,6 +125,7 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
             exit(0);
         }
         if (!strcmp(a, "--insecure-bind")) { o->insecure_bind = true; continue; }
+        if (!strcmp(a, "--draft-rejection")) { o->draft_rejection = true; continue; }
         if (strncmp(a, "--", 2) != 0) die("unexpected argument '%s' (see --help)", a);
         /* Replayed routing makes output that is not the model's: never served. */
         if (!strcmp(a, "--replay-routing"))
@@ -160,8 +164,8 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)parse_long(a, v, 1, 16);
         else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)parse_long(a, v, 1, 16);
     }
-    if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed))
-        die("--draft-k, --lookup-n and --draft-fixed need --draft");
+    if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed || o->draft_rejection))
+        die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
     if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
 }
 
@@ -555,12 +559,12 @@ static void run_job(worker *w, job *j) {
     if (r->stream && r->kind == SRV_CHAT) push_chunk(j, "", 0, NULL, true);
 
     /* Prompt-prefix reuse: keep the cached rows the new prompt shares, but
-     * always evaluate at least its last token (its logits are needed). With
-     * --draft the first speculative step evaluates that last token itself. */
+     * always evaluate at least its last token (its logits are needed: with
+     * --draft too, the first token is drawn from them as without). */
     size_t L = 0;
     while (L < n && L < (size_t)w->n_cached && w->cached[L] == ids[L]) L++;
     if (L == n) L = n - 1;
-    size_t n_pre = S.spec ? n - 1 : n;
+    size_t n_pre = n;
     gen_state g = {.finish = "length"};
     int V = S.info->vocab_size;
     w->text_len = 0;
@@ -594,8 +598,13 @@ static void run_job(worker *w, job *j) {
          * the next step evaluates first: together the history. */
         penalty_ctx pc = {r, w->counts, (int)n};
         df_spec_set_logits_hook(S.spec, penalty_hook, &pc);
-        if (w->n_cached == (int)n - 1) w->cached[w->n_cached] = ids[n - 1];
-        bool more = true;
+        bool more = !g.failed && w->n_cached == (int)n && !job_cancelled(j) && max_new > 0;
+        if (more) { /* the first token from the prompt's logits, as the plain loop draws it */
+            int32_t t = df_sampler_sample(smp, w->logits, V, ids, 0);
+            if (t < 0 || t >= V) t = 0;
+            w->cached[w->n_cached] = t;
+            more = take_token(w, j, &g, t);
+        }
         while (more && !g.failed && w->n_cached == (int)n - 1 + g.produced && !job_cancelled(j) &&
                g.produced < max_new) {
             int32_t got[17];
@@ -1182,6 +1191,17 @@ int df_serve_main(int argc, char **argv) {
                          .cache_policy = o->policy, .pin_bytes = o->pin, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth};
     df_error err;
+    /* A RAM budget holds the draft model too (as in `deltafin run`). */
+    char what[600] = "";
+    if (o->draft && o->ram_budget) {
+        df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .isa = o->isa};
+        if (df_spec_draft_bytes(&so, 0, o->ctx ? o->ctx : 4096, &eo.reserve_bytes, &err)) {
+            fprintf(stderr, "deltafin: %s\n", err.msg);
+            return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
+        }
+        snprintf(what, sizeof what, "the draft %s", strcmp(o->draft, "lookup") ? o->draft : "(lookup)");
+        eo.reserve_for = what;
+    }
     if (df_engine_open(&S.eng, &eo, &err)) {
         fprintf(stderr, "deltafin: %s\n", err.msg);
         return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
@@ -1189,7 +1209,8 @@ int df_serve_main(int argc, char **argv) {
     S.info = df_engine_info(S.eng);
     if (o->draft) {
         df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .lookup_n = o->lookup_n,
-                           .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed};
+                           .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed,
+                           .rejection = o->draft_rejection};
         if (df_spec_new(&S.spec, S.eng, &so, &err)) {
             fprintf(stderr, "deltafin: %s\n", err.msg);
             df_engine_close(S.eng);
