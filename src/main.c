@@ -15,6 +15,7 @@
  * 1 an unexpected runtime failure.
  */
 #include "deltafin.h"
+#include "cli/args.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -31,22 +32,9 @@ int df_cache_sim_main(int argc, char **argv);
 int df_pack_main(int argc, char **argv);
 int df_serve_main(int argc, char **argv);
 
-#define EXIT_BAD 2
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "deltafin: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(EXIT_BAD);
-}
-
 static void die_err(const df_error *e) {
     fprintf(stderr, "deltafin: %s\n", e->msg);
-    exit(e->code == DF_ERR_NOMEM ? 1 : EXIT_BAD);
+    exit(e->code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD);
 }
 
 static double now_s(void) {
@@ -70,30 +58,6 @@ typedef struct opts {
     bool temp_set, top_p_set, top_k_set, max_new_set;
 } opts;
 
-static long parse_long(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi)
-        die("%s expects an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
-    return x;
-}
-
-static uint64_t parse_size(const char *flag, const char *v) {
-    uint64_t b;
-    df_error err;
-    if (df_parse_size(v, flag, &b, &err)) die("%s", err.msg);
-    return b;
-}
-
-static float parse_float(const char *flag, const char *v) {
-    char *end;
-    errno = 0;
-    float x = strtof(v, &end);
-    if (errno || *end || end == v || !isfinite(x)) die("%s expects a number, got '%s'", flag, v);
-    return x;
-}
-
 /* Comma- or space-separated token ids. */
 static int32_t *parse_ids(const char *flag, const char *s, int *n) {
     int cap = 16, k = 0;
@@ -106,12 +70,12 @@ static int32_t *parse_ids(const char *flag, const char *s, int *n) {
         errno = 0;
         long v = strtol(p, &end, 10);
         if (errno || end == p || v < 0 || v > INT32_MAX)
-            die("%s: '%s' is not a list of token ids", flag, s);
+            cli_die("%s: '%s' is not a list of token ids", flag, s);
         if (k == cap) ids = realloc(ids, sizeof(int32_t) * (size_t)(cap *= 2));
         ids[k++] = (int32_t)v;
         p = end;
     }
-    if (!k) die("%s: no token ids given", flag);
+    if (!k) cli_die("%s: no token ids given", flag);
     *n = k;
     return ids;
 }
@@ -124,11 +88,11 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { o->help = true; continue; }
-        if (strncmp(a, "--", 2) != 0) die("unexpected argument '%s' (see --help)", a);
+        if (strncmp(a, "--", 2) != 0) cli_die("unexpected argument '%s' (see --help)", a);
         /* check the flag is one this command takes */
         char key[64];
         snprintf(key, sizeof key, " %s ", a);
-        if (!strstr(allowed, key)) die("unknown option '%s' for this command (see --help)", a);
+        if (!strstr(allowed, key)) cli_die("unknown option '%s' for this command (see --help)", a);
         bool is_flag = !strcmp(a, "--chat") || !strcmp(a, "--print-ids") ||
                        !strcmp(a, "--no-think") || !strcmp(a, "--think") ||
                        !strcmp(a, "--stats") || !strcmp(a, "--draft-rejection");
@@ -141,7 +105,7 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
             else o->think = true;
             continue;
         }
-        if (i + 1 >= argc) die("%s needs a value", a);
+        if (i + 1 >= argc) cli_die("%s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--prompt")) o->prompt = v;
@@ -154,44 +118,44 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--isa")) o->isa = v;
         else if (!strcmp(a, "--experts")) o->experts = v;
         else if (!strcmp(a, "--events")) o->events = v;
-        else if (!strcmp(a, "--ram-budget")) o->ram_budget = parse_size(a, v);
-        else if (!strcmp(a, "--teacher-force")) o->teacher_seed = parse_long(a, v, 1, LONG_MAX);
-        else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
-        else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
+        else if (!strcmp(a, "--ram-budget")) o->ram_budget = cli_size(a, v);
+        else if (!strcmp(a, "--teacher-force")) o->teacher_seed = cli_long(a, v, 1, LONG_MAX);
+        else if (!strcmp(a, "--expert-cache")) o->expert_cache = cli_size(a, v);
+        else if (!strcmp(a, "--pin")) o->pin = cli_size(a, v);
         else if (!strcmp(a, "--policy")) o->policy = v;
         else if (!strcmp(a, "--prefetch")) o->prefetch = v;
-        else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)parse_long(a, v, 1, 8);
+        else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)cli_long(a, v, 1, 8);
         else if (!strcmp(a, "--prefetch-min-recall")) {
-            o->prefetch_min_recall = parse_float(a, v);
+            o->prefetch_min_recall = cli_float(a, v);
             if (o->prefetch_min_recall <= 0 || o->prefetch_min_recall > 1)
-                die("--prefetch-min-recall expects a number in (0, 1], got '%s'", v);
+                cli_die("--prefetch-min-recall expects a number in (0, 1], got '%s'", v);
         }
         else if (!strcmp(a, "--replay-routing")) o->replay = v;
-        else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)parse_long(a, v, 1, 1 << 24);
-        else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = parse_long(a, v, 0, LONG_MAX);
+        else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)cli_long(a, v, 1, 1 << 24);
+        else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = cli_long(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--draft")) o->draft = v;
-        else if (!strcmp(a, "--draft-k")) o->draft_k = (int)parse_long(a, v, 1, 16);
-        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)parse_long(a, v, 1, 16);
-        else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)parse_long(a, v, 1, 16);
-        else if (!strcmp(a, "--io-bw")) o->io_bw = parse_float(a, v);
-        else if (!strcmp(a, "--max-new")) { o->max_new = (int)parse_long(a, v, 0, 1 << 24); o->max_new_set = true; }
-        else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
-        else if (!strcmp(a, "--ctx")) o->ctx = (int)parse_long(a, v, 1, 1 << 24);
-        else if (!strcmp(a, "--batch")) o->batch = (int)parse_long(a, v, 1, 1 << 24);
-        else if (!strcmp(a, "--chunk")) o->chunk = (int)parse_long(a, v, 1, 65536);
-        else if (!strcmp(a, "--temp")) { o->sp.temperature = parse_float(a, v); o->temp_set = true; }
-        else if (!strcmp(a, "--top-p")) { o->sp.top_p = parse_float(a, v); o->top_p_set = true; }
-        else if (!strcmp(a, "--top-k")) { o->sp.top_k = (int)parse_long(a, v, 0, INT_MAX); o->top_k_set = true; }
-        else if (!strcmp(a, "--min-p")) o->sp.min_p = parse_float(a, v);
-        else if (!strcmp(a, "--repeat-penalty")) o->sp.repeat_penalty = parse_float(a, v);
-        else if (!strcmp(a, "--repeat-last-n")) o->sp.repeat_last_n = (int)parse_long(a, v, 0, INT_MAX);
-        else if (!strcmp(a, "--seed")) o->sp.seed = (uint64_t)parse_long(a, v, 0, LONG_MAX);
-        else die("unknown option '%s' (see --help)", a);
+        else if (!strcmp(a, "--draft-k")) o->draft_k = (int)cli_long(a, v, 1, 16);
+        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)cli_long(a, v, 1, 16);
+        else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)cli_long(a, v, 1, 16);
+        else if (!strcmp(a, "--io-bw")) o->io_bw = cli_float(a, v);
+        else if (!strcmp(a, "--max-new")) { o->max_new = (int)cli_long(a, v, 0, 1 << 24); o->max_new_set = true; }
+        else if (!strcmp(a, "--threads")) o->threads = (int)cli_long(a, v, 1, 256);
+        else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_long(a, v, 1, 1 << 24);
+        else if (!strcmp(a, "--batch")) o->batch = (int)cli_long(a, v, 1, 1 << 24);
+        else if (!strcmp(a, "--chunk")) o->chunk = (int)cli_long(a, v, 1, 65536);
+        else if (!strcmp(a, "--temp")) { o->sp.temperature = cli_float(a, v); o->temp_set = true; }
+        else if (!strcmp(a, "--top-p")) { o->sp.top_p = cli_float(a, v); o->top_p_set = true; }
+        else if (!strcmp(a, "--top-k")) { o->sp.top_k = (int)cli_long(a, v, 0, INT_MAX); o->top_k_set = true; }
+        else if (!strcmp(a, "--min-p")) o->sp.min_p = cli_float(a, v);
+        else if (!strcmp(a, "--repeat-penalty")) o->sp.repeat_penalty = cli_float(a, v);
+        else if (!strcmp(a, "--repeat-last-n")) o->sp.repeat_last_n = (int)cli_long(a, v, 0, INT_MAX);
+        else if (!strcmp(a, "--seed")) o->sp.seed = (uint64_t)cli_long(a, v, 0, LONG_MAX);
+        else cli_die("unknown option '%s' (see --help)", a);
     }
 }
 
 static df_engine *open_engine(const opts *o) {
-    if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
+    if (!o->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
     df_error err;
     /* A RAM budget holds the draft model too: the target's expert cache gets
      * what the draft's weights, KV cache and buffers leave. */
@@ -521,12 +485,12 @@ static int cmd_run(int argc, char **argv) {
         o.print_ids = true;
     }
     if ((o.prompt != NULL) + (o.prompt_tokens != NULL) + (o.random_prompt > 0) != 1)
-        die("give exactly one of --prompt, --prompt-tokens or --random-prompt");
-    if (o.chat && !o.prompt) die("--chat needs --prompt");
+        cli_die("give exactly one of --prompt, --prompt-tokens or --random-prompt");
+    if (o.chat && !o.prompt) cli_die("--chat needs --prompt");
     if (!o.draft && (o.draft_k || o.lookup_n || o.draft_fixed || o.draft_rejection))
-        die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
-    if (o.draft && o.teacher_seed) die("--draft cannot be combined with --teacher-force");
-    if (o.draft_fixed && o.draft_k && o.draft_fixed > o.draft_k) die("--draft-fixed exceeds --draft-k");
+        cli_die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
+    if (o.draft && o.teacher_seed) cli_die("--draft cannot be combined with --teacher-force");
+    if (o.draft_fixed && o.draft_k && o.draft_fixed > o.draft_k) cli_die("--draft-fixed exceeds --draft-k");
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
     df_error err;
@@ -558,12 +522,12 @@ static int cmd_run(int argc, char **argv) {
         if (df_tokenize(e, p, strlen(p), &ids, &n, &err)) die_err(&err);
         free(text);
     }
-    if (n == 0) die("the prompt is empty");
+    if (n == 0) cli_die("the prompt is empty");
 
     int ctx = o.ctx ? o.ctx : (info->max_context < 4096 ? info->max_context : 4096);
     if ((size_t)ctx < n + 1) ctx = (int)n + 1;
     if (ctx > info->max_context)
-        die("prompt of %zu tokens does not fit the model's %d-token context", n, info->max_context);
+        cli_die("prompt of %zu tokens does not fit the model's %d-token context", n, info->max_context);
     df_session *s;
     if (df_session_new(&s, e, ctx, &err)) die_err(&err);
     /* The model authors' recommended sampling applies unless overridden. */
@@ -579,7 +543,7 @@ static int cmd_run(int argc, char **argv) {
     memcpy(hist, ids, n * sizeof(int32_t));
     size_t nh = n;
     FILE *ev = NULL;
-    if (o.events && !(ev = fopen(o.events, "w"))) die("%s: cannot create: %s", o.events, strerror(errno));
+    if (o.events && !(ev = fopen(o.events, "w"))) cli_die("%s: cannot create: %s", o.events, strerror(errno));
     df_spec *sp = NULL;
     if (o.draft) {
         df_spec_opts so = {.draft = o.draft, .k_max = o.draft_k ? o.draft_k : (o.draft_fixed > 8 ? o.draft_fixed : 0),
@@ -718,7 +682,7 @@ static int cmd_tokenize(int argc, char **argv) {
              "of comma-separated ids.");
         return 0;
     }
-    if (!o.text == !o.decode) die("give exactly one of --text or --decode");
+    if (!o.text == !o.decode) cli_die("give exactly one of --text or --decode");
     df_engine *e = open_engine(&o);
     df_error err;
     if (o.text) {
@@ -734,7 +698,7 @@ static int cmd_tokenize(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             const char *b;
             size_t l;
-            if (df_token_bytes(e, ids[i], &b, &l)) die("--decode: unknown token id %d", ids[i]);
+            if (df_token_bytes(e, ids[i], &b, &l)) cli_die("--decode: unknown token id %d", ids[i]);
             fwrite(b, 1, l, stdout);
         }
         printf("\n");
@@ -756,13 +720,13 @@ static int cmd_logits(int argc, char **argv) {
              "replays a routing trace as there (tests).");
         return 0;
     }
-    if (!o.tokens || !o.out) die("--tokens and --out are required");
+    if (!o.tokens || !o.out) cli_die("--tokens and --out are required");
     int n;
     int32_t *ids = parse_ids("--tokens", o.tokens, &n);
     if (!o.ctx) o.ctx = n;
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
-    if (n > info->max_context) die("%d tokens exceed the model's context of %d", n, info->max_context);
+    if (n > info->max_context) cli_die("%d tokens exceed the model's context of %d", n, info->max_context);
     df_error err;
     df_session *s;
     if (df_session_new(&s, e, n, &err)) die_err(&err);
@@ -774,9 +738,9 @@ static int cmd_logits(int argc, char **argv) {
         if (df_session_eval(s, ids + i, k, lg + (size_t)i * V, 1, &err)) die_err(&err);
     }
     FILE *f = fopen(o.out, "wb");
-    if (!f) die("%s: cannot create: %s", o.out, strerror(errno));
+    if (!f) cli_die("%s: cannot create: %s", o.out, strerror(errno));
     if (fwrite(lg, sizeof(float), V * (size_t)n, f) != V * (size_t)n || fclose(f) != 0)
-        die("%s: write failed", o.out);
+        cli_die("%s: write failed", o.out);
     free(lg);
     free(ids);
     df_session_free(s);
@@ -803,7 +767,7 @@ static const char MAIN_HELP[] =
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(MAIN_HELP, stdout);
-        return argc < 2 ? EXIT_BAD : 0;
+        return argc < 2 ? CLI_EXIT_BAD : 0;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
@@ -817,5 +781,5 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "pack")) return df_pack_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "cache-sim")) return df_cache_sim_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve")) return df_serve_main(argc - 2, argv + 2);
-    die("unknown command '%s' (see deltafin --help)", cmd);
+    cli_die("unknown command '%s' (see deltafin --help)", cmd);
 }

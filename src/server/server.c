@@ -16,6 +16,7 @@
 #include "server/server.h"
 
 #include "deltafin.h"
+#include "cli/args.h"
 #include "server/request.h"
 
 #include <arpa/inet.h>
@@ -38,7 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EXIT_BAD 2
 #define WAIT_SLICE_MS 20 /* how often a waiting connection looks at its socket */
 #define PREFILL_CHUNK 256 /* prompt rows per eval, so cancellation is seen during long prefills */
 
@@ -85,33 +85,6 @@ static const char SERVE_HELP[] =
     "                       higher acceptance for a draft model, but not the same sample\n"
     "                       for a seed as without --draft)\n";
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "deltafin: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(EXIT_BAD);
-}
-
-static long parse_long(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi)
-        die("%s expects an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
-    return x;
-}
-
-static uint64_t parse_size(const char *flag, const char *v) {
-    uint64_t b;
-    df_error err;
-    if (df_parse_size(v, flag, &b, &err)) die("%s", err.msg);
-    return b;
-}
-
 static void parse_opts(srv_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -126,10 +99,10 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         }
         if (!strcmp(a, "--insecure-bind")) { o->insecure_bind = true; continue; }
         if (!strcmp(a, "--draft-rejection")) { o->draft_rejection = true; continue; }
-        if (strncmp(a, "--", 2) != 0) die("unexpected argument '%s' (see --help)", a);
+        if (strncmp(a, "--", 2) != 0) cli_die("unexpected argument '%s' (see --help)", a);
         /* Replayed routing makes output that is not the model's: never served. */
         if (!strcmp(a, "--replay-routing"))
-            die("--replay-routing is for benchmarks and tests only: the server refuses it "
+            cli_die("--replay-routing is for benchmarks and tests only: the server refuses it "
                 "(its output would not be the model's own)");
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
@@ -138,35 +111,35 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
                                             "--draft", "--draft-k", "--lookup-n", "--draft-fixed", NULL};
         bool ok = false;
         for (int k = 0; known[k]; k++) ok |= !strcmp(a, known[k]);
-        if (!ok) die("unknown option '%s' for this command (see --help)", a);
-        if (i + 1 >= argc) die("%s needs a value", a);
+        if (!ok) cli_die("unknown option '%s' for this command (see --help)", a);
+        if (i + 1 >= argc) cli_die("%s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--host")) o->host = v;
-        else if (!strcmp(a, "--port")) o->port = (int)parse_long(a, v, 1, 65535);
-        else if (!strcmp(a, "--queue")) o->queue = (int)parse_long(a, v, 0, 4096);
+        else if (!strcmp(a, "--port")) o->port = (int)cli_long(a, v, 1, 65535);
+        else if (!strcmp(a, "--queue")) o->queue = (int)cli_long(a, v, 0, 4096);
         else if (!strcmp(a, "--api-key")) {
-            if (!*v) die("--api-key must not be empty");
+            if (!*v) cli_die("--api-key must not be empty");
             o->api_key = v;
-        } else if (!strcmp(a, "--max-body")) o->max_body = parse_size(a, v);
-        else if (!strcmp(a, "--ctx")) o->ctx = (int)parse_long(a, v, 2, 1 << 24);
-        else if (!strcmp(a, "--threads")) o->threads = (int)parse_long(a, v, 1, 256);
+        } else if (!strcmp(a, "--max-body")) o->max_body = cli_size(a, v);
+        else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_long(a, v, 2, 1 << 24);
+        else if (!strcmp(a, "--threads")) o->threads = (int)cli_long(a, v, 1, 256);
         else if (!strcmp(a, "--isa")) o->isa = v;
         else if (!strcmp(a, "--experts")) o->experts = v;
-        else if (!strcmp(a, "--ram-budget")) o->ram_budget = parse_size(a, v);
-        else if (!strcmp(a, "--expert-cache")) o->expert_cache = parse_size(a, v);
+        else if (!strcmp(a, "--ram-budget")) o->ram_budget = cli_size(a, v);
+        else if (!strcmp(a, "--expert-cache")) o->expert_cache = cli_size(a, v);
         else if (!strcmp(a, "--policy")) o->policy = v;
-        else if (!strcmp(a, "--pin")) o->pin = parse_size(a, v);
+        else if (!strcmp(a, "--pin")) o->pin = cli_size(a, v);
         else if (!strcmp(a, "--prefetch")) o->prefetch = v;
-        else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)parse_long(a, v, 1, 8);
+        else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)cli_long(a, v, 1, 8);
         else if (!strcmp(a, "--draft")) o->draft = v;
-        else if (!strcmp(a, "--draft-k")) o->draft_k = (int)parse_long(a, v, 1, 16);
-        else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)parse_long(a, v, 1, 16);
-        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)parse_long(a, v, 1, 16);
+        else if (!strcmp(a, "--draft-k")) o->draft_k = (int)cli_long(a, v, 1, 16);
+        else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)cli_long(a, v, 1, 16);
+        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)cli_long(a, v, 1, 16);
     }
     if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed || o->draft_rejection))
-        die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
-    if (!o->model) die("--model DIR is required (a Hugging Face checkpoint directory)");
+        cli_die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
+    if (!o->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
 }
 
 /* ---- shared state ------------------------------------------------------------ */
@@ -1181,10 +1154,10 @@ int df_serve_main(int argc, char **argv) {
         a6->sin6_port = htons((uint16_t)o->port);
         flags |= MHD_USE_IPv6;
     } else {
-        die("--host expects an IPv4 or IPv6 address, got '%s'", o->host);
+        cli_die("--host expects an IPv4 or IPv6 address, got '%s'", o->host);
     }
     if (!is_loopback((struct sockaddr *)&ss) && !o->api_key && !o->insecure_bind)
-        die("refusing to serve %s without --api-key (add --insecure-bind to do it anyway)", o->host);
+        cli_die("refusing to serve %s without --api-key (add --insecure-bind to do it anyway)", o->host);
 
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa, .experts = o->experts,
                          .ram_budget = o->ram_budget, .context = o->ctx, .expert_cache = o->expert_cache,
@@ -1197,14 +1170,14 @@ int df_serve_main(int argc, char **argv) {
         df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .isa = o->isa};
         if (df_spec_draft_bytes(&so, 0, o->ctx ? o->ctx : 4096, &eo.reserve_bytes, &err)) {
             fprintf(stderr, "deltafin: %s\n", err.msg);
-            return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
+            return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
         }
         snprintf(what, sizeof what, "the draft %s", strcmp(o->draft, "lookup") ? o->draft : "(lookup)");
         eo.reserve_for = what;
     }
     if (df_engine_open(&S.eng, &eo, &err)) {
         fprintf(stderr, "deltafin: %s\n", err.msg);
-        return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
+        return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
     }
     S.info = df_engine_info(S.eng);
     if (o->draft) {
@@ -1214,7 +1187,7 @@ int df_serve_main(int argc, char **argv) {
         if (df_spec_new(&S.spec, S.eng, &so, &err)) {
             fprintf(stderr, "deltafin: %s\n", err.msg);
             df_engine_close(S.eng);
-            return err.code == DF_ERR_NOMEM ? 1 : EXIT_BAD;
+            return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
         }
     }
     S.ctx = o->ctx ? o->ctx : (S.info->max_context < 4096 ? S.info->max_context : 4096);
@@ -1239,7 +1212,7 @@ int df_serve_main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
     pthread_t wt;
-    if (pthread_create(&wt, NULL, worker_main, NULL)) die("cannot start the worker thread");
+    if (pthread_create(&wt, NULL, worker_main, NULL)) cli_die("cannot start the worker thread");
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, &on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_NOTIFY_COMPLETED, &on_completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
