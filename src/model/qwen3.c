@@ -219,8 +219,7 @@ static void attn_items(void *vctx, int begin, int end) {
 }
 
 /* The q, k and v projections as one job over their stacked output rows: one
- * pool crossing instead of three, and the threads' shares balance over the
- * whole (the k and v matrices alone are too small to split evenly). Each
+ * pool crossing (and one wait for the slower thread) instead of three. Each
  * output is still one df_matmul_rows element: the same sum as df_matmul. */
 typedef struct {
     const df_weight *w[3];
@@ -379,9 +378,10 @@ static void run_expert(df_pool *pool, df_fwd_buf *b, const df_expert *x, int e, 
 
 /* One row with resident experts (decode): the K experts' gate/up products
  * run as one parallel job over their stacked rows and their down products as
- * another, instead of two jobs per expert. Dispatch and the wait for the
- * slower thread were ~10% of a decode step when paid 2K times per layer, and
- * a whole-layer job splits evenly between threads. Expert k's input is the
+ * another, instead of two jobs per expert (2 crossings of the pool
+ * per layer instead of 2K). In a decode profile the pool's spin-wait for the
+ * slower thread was 6-7% of the time; a whole-layer job is split evenly
+ * between threads once, not once per 3 MB matrix. Expert k's input is the
  * row itself and its output goes straight to slot k; every output element is
  * the same df_matmul_rows sum as in run_expert, so results do not change.
  * A top-k slot is computed even if an id repeats (routing replay): same
