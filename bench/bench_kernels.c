@@ -159,12 +159,15 @@ int main(int argc, char **argv) {
     int threads = 2;
     size_t mem_mib = 1024;
     int only_isa = -1;
+    bool membw_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mem-mib") && i + 1 < argc) mem_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = df_isa_from_name(argv[++i]);
+        else if (!strcmp(argv[i], "--membw-only")) membw_only = true; /* interleaving with runs */
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512] [--membw-only]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -185,6 +188,12 @@ int main(int argc, char **argv) {
     double bw = mem_read_gbs(pool, buf, mem_mib, 9);
     printf("membw_1thread_gbs %.2f\n", bw1);
     printf("membw_gbs %.2f\n", bw);
+    if (membw_only) {
+        free(buf);
+        df_pool_free(pool);
+        df_pool_free(pool1);
+        return 0;
+    }
     {
         /* the same job on 1 and on `threads` threads: the excess over the ideal
          * split is the dispatch cost (wake-up, claim, completion wait) */

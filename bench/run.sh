@@ -32,8 +32,9 @@ if [ ! -f "$M/config.json" ]; then
 fi
 # Only this model in the page cache (a pack left there by an earlier run would
 # crowd it out), then warm it so this measures compute against RAM, not the disk.
-# The engine itself warms it: its page faults bring the file in as large folios,
-# which stream faster than the small ones a plain read() leaves behind.
+# The engine itself warms it: its page faults bring the file in as 2 MiB folios,
+# and where the page cache held it in small ones (which stream ~30% slower,
+# src/engine.c huge_weights) it re-reads it as huge ones, once.
 sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
 "$B/deltafin" run --model "$M" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
 
@@ -51,6 +52,16 @@ done
 import glob, json, statistics, sys
 rows = [json.loads(l) for f in sorted(glob.glob(sys.argv[1] + "/*.jsonl")) for l in open(f) if '"summary"' in l]
 membw = float(sys.argv[2] or 0)
+# A rep whose decode read from storage measured the disk, not RAM: the page
+# cache lost part of the model mid-run (memory pressure, or the VM's proactive
+# reclaim). Such reps are shown and counted but left out of the medians.
+cold = [r for r in rows if r.get("storage_bytes_read", 0) > 0]
+if cold and len(cold) < len(rows):
+    print(f"{len(cold)} of {len(rows)} reps read from storage during decode "
+          "(" + ", ".join("%.0f MB" % (r["storage_bytes_read"] / 1e6) for r in cold) + "): left out of the medians")
+    rows = [r for r in rows if r.get("storage_bytes_read", 0) == 0]
+elif cold:
+    print(f"all {len(rows)} reps read from storage during decode: the medians below are not in-RAM figures")
 pf = statistics.median(r["prompt_tokens"] / r["prefill_s"] for r in rows)
 dc = statistics.median(r["tokens_per_s"] for r in rows)
 act = rows[0]["active_bytes_per_token"]
