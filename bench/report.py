@@ -65,8 +65,10 @@ def derive(r):
         "prefetch_recall": r.get("prefetch_recall"),
         # the engine core's measure: weights streamed from RAM per second over the
         # machine's measured read bandwidth, and prompt rows per second
-        "membw_fraction": (r["tokens_per_s"] * r["active_bytes_per_token"] / 1e9 / membw
-                           if membw and r.get("active_bytes_per_token") else None),
+        # (over the bandwidth measured just before the run when the suite took one)
+        "membw_gbs": r.get("membw_gbs", membw) or None,
+        "membw_fraction": (r["tokens_per_s"] * r["active_bytes_per_token"] / 1e9 / r.get("membw_gbs", membw)
+                           if r.get("membw_gbs", membw) and r.get("active_bytes_per_token") else None),
         "prefill_tokens_per_s": r["prompt_tokens"] / r["prefill_s"] if r.get("prefill_s") else None,
         "draft_acceptance": r.get("draft_acceptance"),
     }
@@ -129,14 +131,18 @@ md += ["", "Median (min-max) over repetitions. Budget: expert cache as % of the 
        "Hit rate of page-cache arms: the share of the engine's expert reads not served from storage.",
        "MB/token: bytes the engine made the kernel read from storage per decoded token (/proc/self/io).",
        ""]
-for e in (e for e in results if e["section"] == "core"):
-    pf, dc = e["prefill_tokens_per_s"], e["tokens_per_s"]
+core = [e for e in results if e["section"] == "core"]
+if core:
     md += ["## core (in-RAM decode vs memory bandwidth, 2 threads)", "",
-           "| model | decode tok/s | active MB/token | fraction of memory bandwidth | prefill tok/s | prefill/decode per token |",
-           "|---|---|---|---|---|---|",
-           f"| {e['model']} | {m(e, 'tokens_per_s', '{:.2f}')} | {e['active_mb_per_token']:.1f} | "
-           f"{m(e, 'membw_fraction', '{:.2f}')} | {m(e, 'prefill_tokens_per_s', '{:.2f}')} | "
-           f"{pf['median'] / dc['median']:.2f}x |" if pf and dc else "| - |", ""]
+           "| model | arm | decode tok/s | active MB/token | memory read GB/s | fraction of memory bandwidth | prefill tok/s | prefill/decode per token |",
+           "|---|---|---|---|---|---|---|---|"]
+    for e in core:
+        pf, dc = e["prefill_tokens_per_s"], e["tokens_per_s"]
+        md.append(f"| {e['model']} | {e['arm']} | {m(e, 'tokens_per_s', '{:.2f}')} | {e['active_mb_per_token']:.1f} | "
+                  f"{m(e, 'membw_gbs', '{:.1f}')} | {m(e, 'membw_fraction', '{:.2f}')} | "
+                  f"{m(e, 'prefill_tokens_per_s', '{:.2f}')} | " +
+                  (f"{pf['median'] / dc['median']:.2f}x |" if pf and dc else "- |"))
+    md.append("")
 for sec in ("sweep", "replay", "demo"):
     es = [e for e in results if e["section"] == sec]
     if not es:

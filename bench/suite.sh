@@ -56,7 +56,7 @@ HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
 SECTIONS=${SECTIONS:-$(q "sweep replay demo" "core sweep replay demo")} # core: a 10 GB model
-CORE_REPS=${CORE_REPS:-$(q 1 3)}
+CORE_REPS=${CORE_REPS:-$(q 1 5)}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
 # Model shapes, the same in both modes (the models are made once): sweep experts
@@ -193,12 +193,14 @@ run_arm() {
     local json
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
-        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$locked" "$cache" "$m" "$short" >>"$ARMS" <<'PYEOF'
+        /usr/bin/python3 - "$json" "$sec" "$arm" "$frac" "$rep" "$locked" "$cache" "$m" "$short" "${ARM_MEMBW:-0}" >>"$ARMS" <<'PYEOF'
 import json, sys
 d = json.loads(sys.argv[1])
 d.update(section=sys.argv[2], arm=sys.argv[3], budget_pct=int(sys.argv[4]), rep=int(sys.argv[5]),
          memhog_locked=int(sys.argv[6]), budget_bytes=int(sys.argv[7]), model=sys.argv[8],
          memhog_short=int(sys.argv[9]))
+if float(sys.argv[10]) > 0:
+    d["membw_gbs"] = float(sys.argv[10])  # measured just before this run
 print(json.dumps(d))
 PYEOF
         say "$sec $arm ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); n=max(1,d['decode_tokens']); print('%.3f tok/s, ttft %.2f s, %.2f MB/token read from storage, hits %d misses %d, peak RSS %.0f MiB' % (d['tokens_per_s'], d['ttft_s'], d['storage_bytes_read']/n/1e6, d['expert_hits'], d['expert_misses'], d['peak_rss_bytes']/2**20))") [$((SECONDS - t_arm)) s; at $((SECONDS - T_START)) s]"
@@ -256,9 +258,14 @@ if [[ " $SECTIONS " == *" core "* ]]; then
         say "## core: $CM in RAM (resident, warm), prompt 64, decode 32, 2 threads"
         drop
         "$ENG" run --model "$CM" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
+        # the bandwidth drifts (35-57 GB/s within a session on the development VM):
+        # each run is set against a measurement taken just before it
         for rep in $(seq "$CORE_REPS"); do
+            ARM_MEMBW=$("$B/bench_kernels" --membw-only | awk '/^membw_gbs/{print $2}')
             run_arm core resident "$CM" 100 "$EB" "$DB" 0 "$rep" 64 32 --threads 2
+            say "  memory read bandwidth just before: $ARM_MEMBW GB/s"
         done
+        ARM_MEMBW=
     fi
 fi
 
