@@ -157,22 +157,14 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
 static df_engine *open_engine(const opts *o) {
     if (!o->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
     df_error err;
-    /* A RAM budget holds the draft model too: the target's expert cache gets
-     * what the draft's weights, KV cache and buffers leave. */
-    uint64_t reserve = 0;
-    char what[600] = "";
-    if (o->draft && o->ram_budget) {
-        df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .isa = o->isa};
-        if (df_spec_draft_bytes(&so, 0, o->ctx ? o->ctx : 4096, &reserve, &err)) die_err(&err);
-        snprintf(what, sizeof what, "the draft %s", strcmp(o->draft, "lookup") ? o->draft : "(lookup)");
-    }
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
                          .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth,
-                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay,
-                         .reserve_bytes = reserve, .reserve_for = what};
+                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay};
+    char what[600];
+    if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) die_err(&err);
     df_engine *e;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
     return e;

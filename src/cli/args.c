@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void cli_die(const char *fmt, ...) {
     va_list ap;
@@ -44,4 +45,15 @@ float cli_float(const char *flag, const char *v) {
     float x = strtof(v, &end);
     if (errno || *end || end == v || !isfinite(x)) cli_die("%s expects a number, got '%s'", flag, v);
     return x;
+}
+
+int cli_reserve_draft(df_engine_opts *eo, const char *draft, int draft_k, char *what, size_t what_size,
+                      df_error *err) {
+    if (!draft || !eo->ram_budget) return DF_OK;
+    df_spec_opts so = {.draft = draft, .k_max = draft_k, .isa = eo->isa};
+    int rc = df_spec_draft_bytes(&so, 0, eo->context ? eo->context : 4096, &eo->reserve_bytes, err);
+    if (rc) return rc;
+    snprintf(what, what_size, "the draft %s", strcmp(draft, "lookup") ? draft : "(lookup)");
+    eo->reserve_for = what;
+    return DF_OK;
 }

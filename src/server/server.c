@@ -1164,16 +1164,10 @@ int df_serve_main(int argc, char **argv) {
                          .cache_policy = o->policy, .pin_bytes = o->pin, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth};
     df_error err;
-    /* A RAM budget holds the draft model too (as in `deltafin run`). */
-    char what[600] = "";
-    if (o->draft && o->ram_budget) {
-        df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .isa = o->isa};
-        if (df_spec_draft_bytes(&so, 0, o->ctx ? o->ctx : 4096, &eo.reserve_bytes, &err)) {
-            fprintf(stderr, "deltafin: %s\n", err.msg);
-            return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
-        }
-        snprintf(what, sizeof what, "the draft %s", strcmp(o->draft, "lookup") ? o->draft : "(lookup)");
-        eo.reserve_for = what;
+    char what[600];
+    if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) {
+        fprintf(stderr, "deltafin: %s\n", err.msg);
+        return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
     }
     if (df_engine_open(&S.eng, &eo, &err)) {
         fprintf(stderr, "deltafin: %s\n", err.msg);
