@@ -242,16 +242,14 @@ static int budget_left(df_engine *e, const df_engine_opts *o, bool experts_resid
             e->chunk /= 2;
     uint64_t need = rss_bytes() + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN + o->reserve_bytes;
     if (need >= o->ram_budget) {
+        char what[800];
         if (o->reserve_bytes)
-            return df_fail(err, DF_ERR_ARG,
-                           "--ram-budget %.1f MiB is too small: the weights kept in RAM, the tokenizer, "
-                           "a %d-token context and %.1f MiB for %s already need %.1f MiB",
-                           (double)o->ram_budget / 1048576.0, ctx, (double)o->reserve_bytes / 1048576.0,
-                           o->reserve_for ? o->reserve_for : "other data", (double)need / 1048576.0);
-        return df_fail(err, DF_ERR_ARG,
-                       "--ram-budget %.1f MiB is too small: the weights kept in RAM, the tokenizer "
-                       "and a %d-token context already need %.1f MiB",
-                       (double)o->ram_budget / 1048576.0, ctx, (double)need / 1048576.0);
+            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer, a %d-token context and %.1f MiB for %s",
+                     ctx, (double)o->reserve_bytes / 1048576.0, o->reserve_for ? o->reserve_for : "other data");
+        else
+            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer and a %d-token context", ctx);
+        return df_fail(err, DF_ERR_ARG, "--ram-budget %.1f MiB is too small: %s already need %.1f MiB",
+                       (double)o->ram_budget / 1048576.0, what, (double)need / 1048576.0);
     }
     *left = o->ram_budget - need;
     return DF_OK;
