@@ -34,6 +34,7 @@ def derive(r):
     n = max(1, r["decode_tokens"])
     bw = iobw.get((r["section"], r["rep"]), r.get("io_bw_gbs", 0))
     bpt = per_token_bytes(r)
+    mbw = r.get("membw_gbs", membw)
     bound = bw * 1e9 / bpt if bpt > 0 else 0.0
     hits, miss = r["expert_hits"], r["expert_misses"]
     if r["arm"] == "pagecache":
@@ -66,9 +67,9 @@ def derive(r):
         # the engine core's measure: weights streamed from RAM per second over the
         # machine's measured read bandwidth, and prompt rows per second
         # (over the bandwidth measured just before the run when the suite took one)
-        "membw_gbs": r.get("membw_gbs", membw) or None,
-        "membw_fraction": (r["tokens_per_s"] * r["active_bytes_per_token"] / 1e9 / r.get("membw_gbs", membw)
-                           if r.get("membw_gbs", membw) and r.get("active_bytes_per_token") else None),
+        "membw_gbs": mbw or None,
+        "membw_fraction": (r["tokens_per_s"] * r["active_bytes_per_token"] / 1e9 / mbw
+                           if mbw and r.get("active_bytes_per_token") else None),
         "prefill_tokens_per_s": r["prompt_tokens"] / r["prefill_s"] if r.get("prefill_s") else None,
         "draft_acceptance": r.get("draft_acceptance"),
     }
