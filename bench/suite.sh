@@ -232,6 +232,10 @@ arms_for_sweep() { # name|flags, one a line
     fi
     if has_run_flag --draft; then
         local spec
+        # A drafter decodes the model's own tokens (teacher forcing would make every
+        # draft wrong), which route and cache differently from forced random ones:
+        # its baseline is plain decoding of the same own tokens.
+        echo "deltafin-own|--experts PACK --policy deltafin --prefetch off --teacher-force 0"
         # the demo draft shares only the demo model's tokenizer: the demo section runs it
         IFS=';' read -ra spec <<<"${SWEEP_DRAFT_ARMS:-draft-lookup=--draft lookup}"
         for s in "${spec[@]}"; do
@@ -379,6 +383,7 @@ if [[ " $SECTIONS " == *" demo "* ]]; then
         say "## demo: $DM in RAM; prompt $PROMPT_LEN, decode $NEW"
         DEMO=("resident|")
         if has_run_flag --draft; then
+            DEMO+=("resident-own|--teacher-force 0") # the drafters' baseline (see arms_for_sweep)
             IFS=';' read -ra spec <<<"${DRAFT_ARMS:-draft-lookup=--draft lookup;draft-model=--draft models/demo-draft}"
             for sp in "${spec[@]}"; do
                 case $sp in *models/demo-draft*) [ -f models/demo-draft/config.json ] || {

@@ -51,6 +51,7 @@ typedef struct opts {
     uint64_t ram_budget, expert_cache, pin;
     double io_bw, prefetch_min_recall;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
+    bool teacher_set;  /* given on the command line (0 turns bench's default off) */
     long prompt_seed;  /* --random-prompt's seed */
     bool chat, think, print_ids, help, stats, draft_rejection;
     int max_new, threads, ctx, batch, chunk, prefetch_depth, random_prompt, draft_k, lookup_n, draft_fixed;
@@ -119,7 +120,10 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--experts")) o->experts = v;
         else if (!strcmp(a, "--events")) o->events = v;
         else if (!strcmp(a, "--ram-budget")) o->ram_budget = cli_size(a, v);
-        else if (!strcmp(a, "--teacher-force")) o->teacher_seed = cli_long(a, v, 1, LONG_MAX);
+        else if (!strcmp(a, "--teacher-force")) {
+            o->teacher_seed = cli_long(a, v, 0, LONG_MAX);
+            o->teacher_set = true;
+        }
         else if (!strcmp(a, "--expert-cache")) o->expert_cache = cli_size(a, v);
         else if (!strcmp(a, "--pin")) o->pin = cli_size(a, v);
         else if (!strcmp(a, "--policy")) o->policy = v;
@@ -419,7 +423,8 @@ static const char RUN_HELP[] =
     "                       bytes read, cache hits/misses, read wait vs compute, bandwidth\n"
     "  --events FILE        the same statistics as JSON lines\n"
     "  --teacher-force SEED benchmarking: feed seeded random tokens instead of the sampled\n"
-    "                       ones, so routing cannot settle into a loop\n"
+    "                       ones, so routing cannot settle into a loop (0: off, bench's\n"
+    "                       default with --draft, whose drafts need the model's own tokens)\n"
     "  --io-bw GB/S         measured device bandwidth: --stats then reports the I/O bound\n"
     "                       (bandwidth / bytes missed per token) and the fraction reached\n"
     "  --random-prompt N    benchmarking: a seeded random prompt of N tokens instead of\n"
@@ -472,7 +477,7 @@ static int cmd_run(int argc, char **argv) {
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (g_bench) {
         if (!o.random_prompt && !o.prompt && !o.prompt_tokens) o.random_prompt = 512;
-        if (!o.teacher_seed && !o.draft) o.teacher_seed = 7; /* drafts need the model's own tokens */
+        if (!o.teacher_set && !o.draft) o.teacher_seed = 7; /* drafts need the model's own tokens */
         if (!o.max_new_set) o.max_new = 513; /* the first token comes from the prompt */
         o.print_ids = true;
     }

@@ -157,6 +157,16 @@ expect_error spec-missing-draft "/no/such/draft" "$ENG" run --model "$MOE" --pro
 expect_error spec-k-range "--draft-k expects an integer in 1..16" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --draft-k 0
 expect_error spec-k-needs-draft "need --draft" "$ENG" run --model "$MOE" --prompt-tokens 1 --lookup-n 2
 expect_error spec-teacher "cannot be combined" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
+# --teacher-force 0 is off: the model's own tokens (the drafters' baseline in bench)
+a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids 2>&1)
+b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 0 2>&1)
+c=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 5 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && ok teacher-force-off || bad teacher-force-off "'$a' / '$b' / '$c'"
+if "$ENG" bench --model "$MOE" --random-prompt 8 --max-new 6 --teacher-force 0 --draft lookup >"$T/bench.json" 2>"$T/err"; then
+    ok bench-draft-teacher-off
+else
+    bad bench-draft-teacher-off "$(tail -1 "$T/err")"
+fi
 
 # --ram-budget holds the draft model too (weights, KV cache, buffers): a budget
 # the target alone fits in is refused, naming the draft, once the draft comes
