@@ -270,8 +270,8 @@ static void test_gate_switches_off_wrong_drafter(void **st) {
     }
     df_spec_stats ss;
     df_spec_stats_get(sp, &ss);
-    /* Bounded whatever the timings: 3 plain steps, then the acceptance
-     * estimate 0.5 * 0.75^m falls below the least cost per row (0.05) by m = 9. */
+    /* Bounded whatever the timings: 3 plain steps, then a probe of at most
+     * PROBE_MAX = 9 passes (gate.c). */
     assert_true(first_off > 0 && first_off <= 12);
     assert_int_equal(ss.accepted, 0);
     /* back-offs of >= 16, then >= 64 plain steps between probes of <= 9 passes */

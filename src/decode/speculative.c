@@ -36,30 +36,11 @@
  * Rejected rows' keys/values are dropped by truncating the session (and the
  * draft's).
  *
- * The gate. Costs are measured in wall time (which covers the expert bytes
- * read, the draft's own work and compute alike), in units of t_plain, a running
- * mean of plain steps: a pass that drafts k tokens costs 1 + (g + d) k plain
- * steps, g the extra cost of one verified row (learned from the target's
- * verify evaluations) and d the drafter's cost per drafted token (learned from
- * the drafting; for a draft model first measured when it is loaded). With a
- * per-token acceptance estimate a, a pass of depth k yields
- * E(k) = 1 + a + ... + a^k tokens, so it pays by S(k) = E(k) / (1 + (g + d) k).
- * The gate drafts at the k that maximises S. A probe runs at least PROBE_MIN
- * passes (one rejection says little) unless even a hopeful acceptance
- * (A_OPTIMISTIC) could not pay for the measured cost; then drafting stops when no k gives S >= 1 (a < g + d is enough to
- * stop), and probes again after a back-off that grows 4x each time a probe
- * fails, and is at least PROBE_AMORTIZE times what the failed probe wasted.
- * g never falls below G_MIN (a verification row is never free), so a drafter
- * that is always wrong is switched off within a bounded number of passes
- * whatever the timings say. A draft model must first catch up on the tokens it
- * has not seen (its own prefill, batched); a probe starts only when what it
- * could win over the tokens still to come (at an optimistic acceptance) is
- * PROBE_GAIN times that catch-up, so a short generation never pays for a
- * draft that cannot earn it back. While drafting is off the draft model does
- * nothing at all. While drafting, one plain step in every CALIBRATE passes
- * keeps t_plain current.
+ * The gate (gate.c) decides, from measured costs and acceptance, how many
+ * tokens each pass drafts; this file feeds it the passes' wall times.
  */
 #include "decode/speculative.h"
+#include "decode/gate.h"
 #include "decode/sampler.h"
 #include "util/util.h"
 
@@ -68,59 +49,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define K_MAX_LIMIT 16
-#define A_PRIOR 0.5     /* acceptance assumed when (re)starting to draft */
-#define A_ALPHA 0.25    /* weight of one drafted token in the acceptance estimate */
-#define G_PRIOR 0.25    /* cost of one drafted row, in plain steps, before measuring */
-#define G_ALPHA 0.2
-#define G_MIN 0.05
-#define G_MAX 8.0
-#define D_ALPHA 0.2
-#define T_ALPHA 0.2
-#define PROBE_MIN 3     /* verify passes before a probe may be judged a failure */
-#define G_ALPHA_PROBE 0.5 /* weight of a probe's first pass in g: the prior is a guess */
-#define A_OPTIMISTIC 0.8 /* acceptance a probe's admission hopes for */
-#define PROBE_GAIN 2.0  /* a probe must hope to win this many times its catch-up */
-#define PLAIN_FIRST 3   /* plain steps before the first draft; the first is not
-                           measured (a cold expert cache would flatter drafting) */
-#define PLAIN_FIRST_MODEL 16 /* ... before a draft model's first probe, whose
-                           catch-up is judged against settled plain steps (the
-                           first ones after a prompt, still filling the expert
-                           cache, can be several times slower) */
+#define K_MAX_LIMIT GATE_K_MAX
 /* The draft's load-time measures are taken alone; in the loop it shares the
  * CPUs with the target's threads and is about this much slower. */
 #define WARM_SLOWDOWN 2.0
-#define CALIBRATE 32    /* verify passes between plain measurements */
-/* Plain steps before probing again; x4 after each failed probe. A failed probe
- * costs more than its pass: a wrong row's experts are read and evict useful
- * ones, so probes must be rare for a drafter that keeps failing. */
-#define BACKOFF_MIN 16
-#define BACKOFF_MUL 4
-#define BACKOFF_MAX 1024
-/* ... and at least this many times the plain steps a failed probe wasted
- * (including bringing the draft model up to date), so probing costs at most
- * ~1/PROBE_AMORTIZE of the run. */
-#define PROBE_AMORTIZE 40
-#define OFF_MAX 8192
-#define PROBE_OK 16     /* verify passes after which a probe counts as a success */
 #define CATCHUP_CHUNK 256
 
 enum { DRAFT_LOOKUP, DRAFT_MODEL, DRAFT_FN };
-
-typedef struct gate {
-    double a, g, t_plain;
-    double t_plain_min; /* the fastest plain step seen (0: none yet) */
-    double t_draft;    /* drafter seconds per drafted token (running mean; < 0: unknown) */
-    double t_catchup;  /* draft model seconds per caught-up token (< 0: unknown) */
-    int n_draft_obs;   /* drafting measured in passes (the load-time measure is a guess:
-                          in the loop the draft shares the CPUs with the target's threads) */
-    int n_plain;
-    int off_left, backoff, on_passes, since_plain;
-    bool probing;      /* the next verify pass starts a probe */
-    int probe_passes;  /* verify passes in the current probe */
-    double probe_s;    /* their wall time, catch-up included */
-    int probe_tokens;  /* tokens they produced */
-} gate;
 
 struct df_spec {
     df_engine *tgt;
@@ -143,9 +78,10 @@ struct df_spec {
     float *p;     /* V */
     int32_t *ctx; /* history + drafts */
     int ctx_cap;
-    gate gt;
+    spec_gate gt;
     df_spec_stats st;
     uint64_t plain_passes, plain_bytes, verify_bytes;
+    double t_draft0, t_catchup0; /* the draft model's costs measured at load */
     double draft_s;   /* drafting time of verify passes, the draft model's catch-up aside */
     double catchup_s; /* the draft model's catch-up (its prefill of unseen tokens) */
 };
@@ -205,8 +141,8 @@ static int measure_draft(df_spec *sp, df_error *err) {
     free(lg);
     df_session_free(w);
     if (rc == DF_OK) {
-        sp->gt.t_catchup = pre * WARM_SLOWDOWN;
-        sp->gt.t_draft = step * WARM_SLOWDOWN;
+        sp->t_catchup0 = pre * WARM_SLOWDOWN;
+        sp->t_draft0 = step * WARM_SLOWDOWN;
     }
     return rc;
 }
@@ -246,10 +182,8 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
     }
     sp->rows = df_xmalloc(sizeof(float) * (size_t)sp->V * (size_t)(k_max + 1));
     sp->p = df_xmalloc(sizeof(float) * (size_t)sp->V);
-    double td = sp->kind == DRAFT_MODEL ? sp->gt.t_draft : -1.0;
-    double tc = sp->kind == DRAFT_MODEL ? sp->gt.t_catchup : -1.0;
-    sp->gt = (gate){.a = A_PRIOR, .g = G_PRIOR, .backoff = BACKOFF_MIN, .probing = true, .t_draft = td,
-                    .t_catchup = tc};
+    bool model = sp->kind == DRAFT_MODEL;
+    gate_init(&sp->gt, k_max, sp->fixed, model, model ? sp->t_draft0 : -1.0, model ? sp->t_catchup0 : -1.0);
     *out = sp;
     return DF_OK;
 }
@@ -300,148 +234,6 @@ void df_spec_set_drafter(df_spec *sp, df_spec_draft_fn fn, void *user) {
     sp->kind = fn ? DRAFT_FN : DRAFT_LOOKUP;
     sp->fn = fn;
     sp->fn_user = user;
-}
-
-/* ---- the gate ---------------------------------------------------------------------- */
-
-static double expected_tokens(double a, int k) {
-    double e = 1.0, x = 1.0;
-    for (int i = 0; i < k; i++) e += (x *= a);
-    return e;
-}
-
-/* Cost of one drafted token, in plain steps of t seconds: its verify row and
- * its drafting. */
-static double row_cost_at(const gate *g, double t) {
-    double d = g->t_draft > 0 && t > 0 ? g->t_draft / t : 0.0;
-    return g->g + d;
-}
-
-static double row_cost(const gate *g) { return row_cost_at(g, g->t_plain); }
-
-/* The depth with the best S(k) at acceptance a and cost c per drafted token,
- * and S there. */
-static int best_depth_ac(const df_spec *sp, double a, double c, double *s_best) {
-    int best = 1;
-    double sb = 0.0;
-    for (int k = 1; k <= sp->k_max; k++) {
-        double s = expected_tokens(a, k) / (1.0 + c * k);
-        if (s > sb) {
-            sb = s;
-            best = k;
-        }
-    }
-    *s_best = sb;
-    return best;
-}
-
-static int best_depth_at(const df_spec *sp, double a, double *s_best) {
-    return best_depth_ac(sp, a, row_cost(&sp->gt), s_best);
-}
-
-static int best_depth(const df_spec *sp, double *s_best) { return best_depth_at(sp, sp->gt.a, s_best); }
-
-/* Whether a probe of the draft model may start at history length n_hist with
- * `left` tokens still wanted: what it could win (at an optimistic acceptance)
- * must be PROBE_GAIN times its cost: the catch-up (the tokens the draft has
- * not seen) and the drafted rows of PROBE_MIN failing passes. Costs are in the
- * fastest plain step seen: the first steps after a prompt, still filling the
- * expert cache, would make the draft look cheap. */
-static bool probe_pays(const df_spec *sp, int n_hist, int left) {
-    const gate *g = &sp->gt;
-    if (sp->kind != DRAFT_MODEL || g->t_catchup <= 0 || g->t_plain <= 0) return true;
-    double t = g->t_plain_min > 0 ? g->t_plain_min : g->t_plain;
-    int lag = n_hist - 1 - sp->dn;
-    if (lag < 0) lag = 0;
-    double c = row_cost_at(g, t), cost = (double)lag * g->t_catchup / t + PROBE_MIN * c, s;
-    best_depth_ac(sp, A_OPTIMISTIC, c, &s);
-    double gain = s > 1.0 ? (double)(left - 1) * (1.0 - 1.0 / s) : 0.0;
-    return gain >= PROBE_GAIN * cost;
-}
-
-/* Depth for the next pass: 0 = a plain step. left: tokens still wanted. */
-static int gate_depth(df_spec *sp, int n_hist, int left) {
-    gate *g = &sp->gt;
-    if (sp->fixed) return sp->fixed;
-    if (g->n_plain < (sp->kind == DRAFT_MODEL ? PLAIN_FIRST_MODEL : PLAIN_FIRST)) return 0;
-    if (g->off_left > 0) {
-        g->off_left--;
-        if (g->off_left == 0) { /* probe again from the prior */
-            g->a = A_PRIOR;
-            g->on_passes = 0;
-            g->probing = true;
-        }
-        return 0;
-    }
-    if (g->since_plain >= CALIBRATE) return 0;
-    if (g->probing && !probe_pays(sp, n_hist, left)) {
-        /* not now: look again later (the draft costs nothing meanwhile) */
-        g->off_left = BACKOFF_MIN;
-        sp->st.probes_declined++;
-        return 0;
-    }
-    double s;
-    return best_depth(sp, &s);
-}
-
-static void gate_plain(df_spec *sp, double secs) {
-    gate *g = &sp->gt;
-    if (g->n_plain == 1) g->t_plain = secs;
-    else if (g->n_plain > 1) g->t_plain += T_ALPHA * (secs - g->t_plain);
-    if (g->n_plain >= 1 && (g->t_plain_min <= 0 || secs < g->t_plain_min)) g->t_plain_min = secs;
-    g->n_plain++;
-    g->since_plain = 0;
-}
-
-/* verify_s: the target's evaluation and the ruling; draft_s: the drafting
- * without the draft model's catch-up (what drafting costs in the steady
- * state); total_s: the whole pass (what it cost). */
-static void gate_verify(df_spec *sp, int drafted, int accepted, double verify_s, double draft_s,
-                        double total_s) {
-    gate *g = &sp->gt;
-    g->since_plain++;
-    if (g->probing) {
-        g->probing = false;
-        g->probe_passes = 0;
-        g->probe_s = 0.0;
-        g->probe_tokens = 0;
-    }
-    g->probe_passes++;
-    g->probe_s += total_s;
-    g->probe_tokens += accepted + 1;
-    int seen = accepted < drafted ? accepted + 1 : drafted; /* tokens the target ruled on */
-    for (int i = 0; i < seen; i++) g->a += A_ALPHA * ((i < accepted ? 1.0 : 0.0) - g->a);
-    /* A probe's first pass wakes the drafter's threads and reads experts the
-     * plain steps had not needed yet: like the first plain step, its costs say
-     * little of the steady state (measured up to 3x), so it measures only
-     * acceptance. At a fixed depth costs are measured for --stats only. */
-    bool measure = g->probe_passes > 1 || sp->fixed;
-    if (measure && g->t_plain > 0) {
-        double obs = (verify_s / g->t_plain - 1.0) / drafted;
-        g->g += (g->probe_passes == 2 ? G_ALPHA_PROBE : G_ALPHA) * (obs - g->g);
-        if (g->g < G_MIN) g->g = G_MIN;
-        if (g->g > G_MAX) g->g = G_MAX;
-    }
-    if (measure) {
-        double per = draft_s / drafted;
-        g->t_draft = g->n_draft_obs++ == 0 ? per : g->t_draft + D_ALPHA * (per - g->t_draft);
-    }
-    if (sp->fixed) return;
-    double s, s_hopeful;
-    best_depth(sp, &s);
-    best_depth_at(sp, A_OPTIMISTIC, &s_hopeful);
-    /* A measured pass is enough to judge when even a hopeful acceptance would
-     * not pay for what a drafted token was measured to cost. */
-    bool judged = g->probe_passes >= PROBE_MIN || (g->probe_passes >= 2 && s_hopeful < 1.0);
-    if (s < 1.0 && judged) {
-        double wasted = g->t_plain > 0 ? g->probe_s / g->t_plain - g->probe_tokens : 0.0;
-        double off = wasted * PROBE_AMORTIZE;
-        g->off_left = off > g->backoff ? (off < OFF_MAX ? (int)off : OFF_MAX) : g->backoff;
-        g->backoff = g->backoff * BACKOFF_MUL > BACKOFF_MAX ? BACKOFF_MAX : g->backoff * BACKOFF_MUL;
-        sp->st.switched_off++;
-    } else if (s >= 1.0 && ++g->on_passes == PROBE_OK) {
-        g->backoff = BACKOFF_MIN;
-    }
 }
 
 /* ---- drafters ---------------------------------------------------------------------- */
@@ -518,7 +310,7 @@ static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k
     *catchup_s = lag > 2 ? df_now() - t0 : 0.0;
     if (lag >= 8) { /* a few tokens say more about the call than the tokens */
         double per = *catchup_s / lag;
-        sp->gt.t_catchup = sp->gt.t_catchup < 0 ? per : sp->gt.t_catchup + D_ALPHA * (per - sp->gt.t_catchup);
+        gate_catchup(&sp->gt, per);
     }
     bool greedy = df_sampler_is_greedy(smp);
     for (int i = 0; i < k; i++) {
@@ -603,7 +395,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
     int cap = df_session_capacity(s);
     if (n_hist > cap)
         return df_fail(err, DF_ERR_CONTEXT, "speculative: the context of %d tokens is full", cap);
-    int k = gate_depth(sp, n_hist, max_out);
+    int k = gate_depth(&sp->gt, sp->kind == DRAFT_MODEL ? n_hist - 1 - sp->dn : 0, max_out);
     if (k > max_out - 1) k = max_out - 1;
     if (k > cap - n_hist) k = cap - n_hist;
     if (sp->ctx_cap < n_hist + sp->k_max + 1) {
@@ -653,7 +445,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         sp->plain_passes++;
         sp->plain_bytes += bytes;
         st->plain_time_s += secs;
-        gate_plain(sp, secs);
+        gate_plain(&sp->gt, secs);
     } else {
         st->verify_passes++;
         st->drafted += (uint64_t)kd;
@@ -666,7 +458,7 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         sp->catchup_s += catchup;
         /* Bringing the draft up to date after the prompt or a pause is the
          * draft's prefill, not what a pass costs in the steady state. */
-        gate_verify(sp, kd, acc, secs - draft_s, draft_s - catchup, secs);
+        gate_verify(&sp->gt, kd, acc, secs - draft_s, draft_s - catchup, secs);
     }
     return DF_OK;
 }
@@ -675,9 +467,9 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
 
 void df_spec_stats_get(const df_spec *sp, df_spec_stats *o) {
     *o = sp->st;
-    double s;
-    int d = best_depth(sp, &s);
-    o->depth = sp->fixed ? sp->fixed : sp->gt.off_left > 0 || s < 1.0 ? 0 : d;
+    o->switched_off = sp->gt.switched_off;
+    o->probes_declined = sp->gt.probes_declined;
+    o->depth = gate_current_depth(&sp->gt);
     o->acceptance = sp->gt.a;
     o->mean_depth = o->verify_passes ? (double)o->drafted / (double)o->verify_passes : 0.0;
     o->plain_s = sp->plain_passes ? o->plain_time_s / (double)sp->plain_passes : 0.0;
@@ -689,7 +481,7 @@ void df_spec_stats_get(const df_spec *sp, df_spec_stats *o) {
     double all = o->plain_time_s + o->spec_time_s;
     o->run_speedup = per_plain > 0 && all > 0 ? (double)o->tokens * per_plain / all : 0.0;
     o->draft_token_s = o->drafted ? sp->draft_s / (double)o->drafted : 0.0;
-    o->row_cost = row_cost(&sp->gt);
+    o->row_cost = gate_row_cost(&sp->gt);
 }
 
 void df_spec_report(const df_spec *sp, FILE *f) {
