@@ -174,15 +174,18 @@ static int best_depth(const spec_gate *g, double a, double t, double *s_best) {
 /* Whether a probe of the draft model may start with `lag` tokens to catch up
  * and `left` tokens still wanted: what it could win (at an optimistic
  * acceptance) must be PROBE_GAIN times its cost: the catch-up and the drafted
- * rows of PROBE_MIN failing passes. Costs are in the fastest plain step seen:
- * the first steps after a prompt, still filling the expert cache, would make
- * the draft look cheap. */
+ * rows of PROBE_MIN failing passes. The catch-up is counted in the fastest
+ * plain step seen (the first steps after a prompt, still filling the expert
+ * cache, would make it look cheap); what a pass wins, in the running mean,
+ * like every other pass (the fastest step, often 0.6x of the mean on a shared
+ * machine, made the drafting look so dear that the demo draft was never
+ * probed in half the runs). */
 static bool probe_pays(const spec_gate *g, int lag, int left) {
     if (!g->model || g->t_catchup <= 0 || g->t_plain <= 0) return true;
     double t = g->t_plain_min > 0 ? g->t_plain_min : g->t_plain;
     if (lag < 0) lag = 0;
-    double cost = (double)lag * g->t_catchup / t + PROBE_MIN * (pass_cost(g, 1, t) - 1.0), s;
-    best_depth(g, A_OPTIMISTIC, t, &s);
+    double cost = (double)lag * g->t_catchup / t + PROBE_MIN * (pass_cost(g, 1, g->t_plain) - 1.0), s;
+    best_depth(g, A_OPTIMISTIC, g->t_plain, &s);
     double gain = s > 1.0 ? (double)(left - 1) * (1.0 - 1.0 / s) : 0.0;
     return gain >= PROBE_GAIN * cost;
 }
