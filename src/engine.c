@@ -133,8 +133,8 @@ static void prefault(const df_model *m, bool experts_too, const bool *done) {
  * page-cache expert streamer, leave small ones), not on the engine. So, for
  * weights that stay resident: ask for huge pages on the mappings, and where a
  * file is nonetheless mostly mapped by small pages, drop our mapping and the
- * file's page cache so that the prefault reads it back as 2 MiB folios: a
- * one-off re-read from storage (pages another process maps stay as they are).
+ * file's page cache and read it back as 2 MiB folios: a one-off re-read from
+ * storage (pages another process maps stay as they are).
  * A probe on one 2 MiB chunk first checks that this kernel and file system
  * can do it at all, so that a system without file THP never re-reads. */
 
@@ -195,29 +195,44 @@ static void drop_range(const df_model *m, int f, span s, uint64_t off, uintptr_t
                   POSIX_FADV_DONTNEED);
 }
 
+/* Maps span s in, its whole 2 MiB chunks [c, ce) first. From s.lo up, the
+ * readahead around the span's first pages (whose chunk the header read left in
+ * small folios) went on into the next chunk in small folios too; that chunk
+ * then never mapped by a PMD, so on a file of a few chunks (models/demo-moe)
+ * the check below failed at every start and the whole file was dropped and
+ * read back from storage each time. */
+static bool populate_span(span s, uintptr_t c, uintptr_t ce) {
+    bool ok = madvise((void *)c, ce - c, MADV_POPULATE_READ) == 0;
+    ok &= madvise((void *)s.lo, c - s.lo, MADV_POPULATE_READ) == 0;
+    ok &= madvise((void *)ce, s.hi - ce, MADV_POPULATE_READ) == 0;
+    return ok;
+}
+
 /* Sets done[f] for the files whose tensors it leaves mapped in: it has to
  * populate a file to see how the page cache maps it, and the prefault that
  * follows need not walk those pages again. It does not for a file too small
  * for a 2 MiB chunk, one whose populate failed (an older kernel: the prefault
- * touches its pages), or one it dropped to be read back as huge pages. */
+ * touches its pages, and no judging how it is mapped). A file is "mostly" PMD-mapped when 90% of its whole
+ * chunks are: the partial ones at either end never can be. */
 static void huge_weights(const df_model *m, bool *done) {
     for (int f = 0; f < df_st_file_count(m->st); f++) {
         done[f] = false;
         span s = file_span(m, f);
         uintptr_t c = (s.lo + HUGE_SZ - 1) & ~(HUGE_SZ - 1); /* first whole 2 MiB chunk */
+        uintptr_t ce = s.hi & ~(HUGE_SZ - 1);                /* end of the last one */
         if (s.hi <= s.lo || c + HUGE_SZ > s.hi) continue;
         madvise((void *)s.lo, s.hi - s.lo, MADV_HUGEPAGE);
-        done[f] = madvise((void *)s.lo, s.hi - s.lo, MADV_POPULATE_READ) == 0;
+        done[f] = populate_span(s, c, ce);
         pmd_info a, b;
-        if (!span_pmd(s, &a) || a.pmd >= a.rss / 10 * 9) continue;
+        if (!done[f] || !span_pmd(s, &a) || a.pmd >= (ce - c) / 10 * 9) continue;
         /* Probe one chunk: re-read as a huge page, is it mapped by a PMD now?
          * (Not without file THP in this kernel and file system: then the file
          * is left as it is, at the price of one 2 MiB read.) */
         drop_range(m, f, s, a.off, c, c + HUGE_SZ);
         done[f] = done[f] && madvise((void *)c, HUGE_SZ, MADV_POPULATE_READ) == 0;
         if (!span_pmd(s, &b) || b.pmd < a.pmd + HUGE_SZ) continue;
-        drop_range(m, f, s, a.off, s.lo, s.hi); /* the prefault reads it back */
-        done[f] = false;
+        drop_range(m, f, s, a.off, s.lo, s.hi);
+        done[f] = populate_span(s, c, ce); /* read back, as huge folios now */
     }
 }
 
