@@ -89,8 +89,10 @@ static uint64_t rss_bytes(void) {
 
 /* Maps the pages of the weights in now (page tables included), so that the
  * first forward pass does not pay a page fault per 4 KiB, and so that an RSS
- * measured next includes them. Routed experts are skipped when they stream. */
-static void prefault(const df_model *m, bool experts_too) {
+ * measured next includes them. Routed experts are skipped when they stream,
+ * and so are the tensors of files f with done[f] (already mapped in; done may
+ * be NULL). */
+static void prefault(const df_model *m, bool experts_too, const bool *done) {
     long pg = sysconf(_SC_PAGESIZE);
     /* Streaming: the expert bytes are read into the cache, never through this
      * mapping, but a 2 MiB folio of the page cache (a freshly written file is
@@ -106,7 +108,7 @@ static void prefault(const df_model *m, bool experts_too) {
     }
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
-        if (!t->nbytes || (!experts_too && is_expert_tensor(t->name))) continue;
+        if (!t->nbytes || (!experts_too && is_expert_tensor(t->name)) || (done && done[t->file])) continue;
         uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(pg - 1);
         size_t len = (size_t)((uintptr_t)t->data + t->nbytes - a);
         if (madvise((void *)a, len, MADV_POPULATE_READ) == 0) continue;
@@ -131,8 +133,8 @@ static void prefault(const df_model *m, bool experts_too) {
  * page-cache expert streamer, leave small ones), not on the engine. So, for
  * weights that stay resident: ask for huge pages on the mappings, and where a
  * file is nonetheless mostly mapped by small pages, drop our mapping and the
- * file's page cache so that the prefault reads it back as 2 MiB folios: a
- * one-off re-read from storage (pages another process maps stay as they are).
+ * file's page cache and read it back as 2 MiB folios: a one-off re-read from
+ * storage (pages another process maps stay as they are).
  * A probe on one 2 MiB chunk first checks that this kernel and file system
  * can do it at all, so that a system without file THP never re-reads. */
 
@@ -193,22 +195,44 @@ static void drop_range(const df_model *m, int f, span s, uint64_t off, uintptr_t
                   POSIX_FADV_DONTNEED);
 }
 
-static void huge_weights(const df_model *m) {
+/* Maps span s in, its whole 2 MiB chunks [c, ce) first. From s.lo up, the
+ * readahead around the span's first pages (whose chunk the header read left in
+ * small folios) went on into the next chunk in small folios too; that chunk
+ * then never mapped by a PMD, so on a file of a few chunks (models/demo-moe)
+ * the check below failed at every start and the whole file was dropped and
+ * read back from storage each time. */
+static bool populate_span(span s, uintptr_t c, uintptr_t ce) {
+    bool ok = madvise((void *)c, ce - c, MADV_POPULATE_READ) == 0;
+    ok &= madvise((void *)s.lo, c - s.lo, MADV_POPULATE_READ) == 0;
+    ok &= madvise((void *)ce, s.hi - ce, MADV_POPULATE_READ) == 0;
+    return ok;
+}
+
+/* Sets done[f] for the files whose tensors it leaves mapped in: it has to
+ * populate a file to see how the page cache maps it, and the prefault that
+ * follows need not walk those pages again. It does not for a file too small
+ * for a 2 MiB chunk, one whose populate failed (an older kernel: the prefault
+ * touches its pages, and no judging how it is mapped). A file is "mostly" PMD-mapped when 90% of its whole
+ * chunks are: the partial ones at either end never can be. */
+static void huge_weights(const df_model *m, bool *done) {
     for (int f = 0; f < df_st_file_count(m->st); f++) {
+        done[f] = false;
         span s = file_span(m, f);
         uintptr_t c = (s.lo + HUGE_SZ - 1) & ~(HUGE_SZ - 1); /* first whole 2 MiB chunk */
+        uintptr_t ce = s.hi & ~(HUGE_SZ - 1);                /* end of the last one */
         if (s.hi <= s.lo || c + HUGE_SZ > s.hi) continue;
         madvise((void *)s.lo, s.hi - s.lo, MADV_HUGEPAGE);
-        madvise((void *)s.lo, s.hi - s.lo, MADV_POPULATE_READ);
+        done[f] = populate_span(s, c, ce);
         pmd_info a, b;
-        if (!span_pmd(s, &a) || a.pmd >= a.rss / 10 * 9) continue;
+        if (!done[f] || !span_pmd(s, &a) || a.pmd >= (ce - c) / 10 * 9) continue;
         /* Probe one chunk: re-read as a huge page, is it mapped by a PMD now?
          * (Not without file THP in this kernel and file system: then the file
          * is left as it is, at the price of one 2 MiB read.) */
         drop_range(m, f, s, a.off, c, c + HUGE_SZ);
-        madvise((void *)c, HUGE_SZ, MADV_POPULATE_READ);
+        done[f] = done[f] && madvise((void *)c, HUGE_SZ, MADV_POPULATE_READ) == 0;
         if (!span_pmd(s, &b) || b.pmd < a.pmd + HUGE_SZ) continue;
-        drop_range(m, f, s, a.off, s.lo, s.hi); /* the prefault reads it back */
+        drop_range(m, f, s, a.off, s.lo, s.hi);
+        done[f] = populate_span(s, c, ce); /* read back, as huge folios now */
     }
 }
 
@@ -232,7 +256,7 @@ static int budget_left(df_engine *e, const df_engine_opts *o, bool experts_resid
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
     e->ram_budget = o->ram_budget;
     e->budget_ctx = ctx;
-    prefault(m, experts_resident);
+    prefault(m, experts_resident, NULL);
     /* The default chunk is a speed choice, not a promise: under a tight budget
      * it shrinks so that its buffers take at most a quarter of what the
      * weights and the KV cache leave, the rest going to expert slots. */
@@ -406,8 +430,10 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         }
     }
     if (!e->store) {
-        huge_weights(&e->model);
-        prefault(&e->model, true);
+        bool *done = df_xcalloc((size_t)df_st_file_count(e->model.st) + 1, sizeof(bool));
+        huge_weights(&e->model, done);
+        prefault(&e->model, true, done);
+        free(done);
     }
     for (int i = 0; i < c->n_eos_token_ids; i++) add_stop(e, c->eos_token_ids[i]);
     add_stop(e, df_tokenizer_find(e->tok, "<|im_end|>"));

@@ -81,6 +81,16 @@ struct df_store {
     df_cache *cache;    /* the policy, over n_cache slot numbers */
     int n_cache;
     int *cframe;        /* [n_cache] policy slot -> frame */
+    /* The transient pool: the frames no policy slot maps (cached false), in
+     * ascending order. They are n_slots - n_cache of them, at most top-k,
+     * and they hold every frame find_slot may hand out and every prediction
+     * (pf_layer >= 0: read only into frames find_slot gave, and cached only
+     * after claim_prefetched cleared it), so those scans look here instead of
+     * at all n_slots frames, which for a 94-layer, 128-expert model with
+     * thousands of slots and hundreds of misses a token were millions of
+     * checks per token. Frame order keeps the choice of a scan of every frame. */
+    int *pool;
+    int n_pool;
     df_prefetcher *pf;  /* NULL: prefetch off */
     int *moe_index;     /* model layer -> MoE layer index, -1 for dense */
     int *moe_layer;     /* MoE layer index -> model layer */
@@ -199,10 +209,11 @@ static int setup_cache(df_store *s, const df_store_opts *o, int n_moe, df_cache_
                        df_error *err) {
     int top_k = s->m->cfg.num_experts_per_tok;
     s->n_cache = s->n_slots - n_transient(s);
-    if (s->n_cache < 1) { /* a single slot: nothing is kept */
-        s->n_cache = 0;
-        return DF_OK;
-    }
+    if (s->n_cache < 1) s->n_cache = 0; /* a single slot: nothing is kept */
+    s->n_pool = s->n_slots - s->n_cache;
+    s->pool = df_xmalloc(sizeof(int) * (size_t)s->n_pool);
+    for (int p = 0; p < s->n_pool; p++) s->pool[p] = s->n_cache + p;
+    if (!s->n_cache) return DF_OK;
     s->cframe = df_xmalloc(sizeof(int) * (size_t)s->n_cache);
     for (int i = 0; i < s->n_cache; i++) {
         s->cframe[i] = i;
@@ -372,6 +383,7 @@ void df_store_close(df_store *s) {
     df_cache_free(s->cache);
     df_pf_free(s->pf);
     free(s->cframe);
+    free(s->pool);
     free(s->heat_path);
     free(s->moe_index);
     free(s->moe_layer);
@@ -442,7 +454,8 @@ static void pump(df_store *s) {
     bool any = false;
     while (s->demand_inflight == 0 && s->pf_inflight < PF_INFLIGHT) {
         int best = -1, best_op = -1;
-        for (int i = 0; i < s->n_slots; i++) {
+        for (int p = 0; p < s->n_pool; p++) { /* predictions are in the pool */
+            int i = s->pool[p];
             const slot *x = &s->slots[i];
             if (x->pf_layer < 0 || x->orphan || x->state != SLOT_LOADING) continue;
             if (best >= 0 && x->pf_layer >= s->slots[best].pf_layer) continue;
@@ -577,9 +590,10 @@ static void waste(df_store *s, int si) {
  * for a demand read (steal), else a frame holding an unclaimed prediction. */
 static int find_slot(df_store *s, bool steal) {
     int fallback = -1;
-    for (int i = 0; i < s->n_slots; i++) {
+    for (int p = 0; p < s->n_pool; p++) {
+        int i = s->pool[p];
         slot *x = &s->slots[i];
-        if (x->cached || x->pin || x->orphan) continue;
+        if (x->pin || x->orphan) continue;
         if (x->state == SLOT_EMPTY) return i;
         /* a prediction whose pieces are all parked can be dropped at once */
         bool idle = x->state == SLOT_READY || (x->pf_layer >= 0 && x->n_inflight == 0);
@@ -618,6 +632,15 @@ static void fill_queue(df_store *s) {
     if (any) io_uring_submit(&s->ring);
 }
 
+/* Frame `in` joins the pool in place of frame `out`, in frame order. */
+static void pool_swap(df_store *s, int out, int in) {
+    int p = 0;
+    while (s->pool[p] != out) p++;
+    for (; p + 1 < s->n_pool; p++) s->pool[p] = s->pool[p + 1];
+    for (; p > 0 && s->pool[p - 1] > in; p--) s->pool[p] = s->pool[p - 1];
+    s->pool[p] = in;
+}
+
 /* A miss that a prediction already brought in (or is bringing in) at frame fi.
  * When the policy keeps the expert in slot ps, the frame becomes that slot's
  * and the victim's frame joins the pool. */
@@ -645,6 +668,7 @@ static int claim_prefetched(df_store *s, int fi, int ps, df_error *err) {
     o->cached = false;
     x->cached = true;
     s->cframe[ps] = fi;
+    pool_swap(s, fi, old);
     return DF_OK;
 }
 
@@ -697,8 +721,8 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
     }
     /* Predictions for this layer that it did not ask for were wrong. */
     if (s->pf)
-        for (int si = 0; si < s->n_slots; si++)
-            if (s->slots[si].pf_layer == layer) waste(s, si);
+        for (int p = 0; p < s->n_pool; p++)
+            if (s->slots[s->pool[p]].pf_layer == layer) waste(s, s->pool[p]);
     io_uring_submit(&s->ring);
     fill_queue(s);
     pump(s);
@@ -778,8 +802,8 @@ void df_store_end_step(df_store *s, int rows) {
     s->last_step_t = now;
     /* predictions for layers the step never reached (an error stopped it) */
     if (s->pf)
-        for (int si = 0; si < s->n_slots; si++)
-            if (s->slots[si].pf_layer >= 0) waste(s, si);
+        for (int p = 0; p < s->n_pool; p++)
+            if (s->slots[s->pool[p]].pf_layer >= 0) waste(s, s->pool[p]);
 }
 
 int df_store_pinned(const df_store *s) { return s->st_pinned; }

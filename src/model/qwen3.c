@@ -454,6 +454,18 @@ static void lookahead(const df_model *m, df_store *store, df_pool *pool, df_fwd_
     df_store_predict(store, target, b->psel, T * K);
 }
 
+/* The distinct experts among n routing choices, ascending: each is computed
+ * once for all the rows that chose it. Returns how many. */
+static int distinct_experts(const int *sel, int n, int E, int *need) {
+    bool used[E];
+    memset(used, 0, sizeof used);
+    for (int i = 0; i < n; i++) used[sel[i]] = true;
+    int n_need = 0;
+    for (int e = 0; e < E; e++)
+        if (used[e]) need[n_need++] = e;
+    return n_need;
+}
+
 static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int li, int T,
                df_error *err) {
     const df_config *c = &m->cfg;
@@ -467,19 +479,13 @@ static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b,
               b->route_fn ? forced : NULL);
     }
 
-    /* The distinct experts the batch needs, each computed once for all its rows. */
-    int need[E], n_need = 0;
-    bool used[E];
-    memset(used, 0, sizeof used);
-    for (int i = 0; i < T * K; i++) used[b->sel[i]] = true;
-    for (int e = 0; e < E; e++)
-        if (used[e]) need[n_need++] = e;
-
     if (!store && T == 1) {
-        moe_one_row(L, pool, b, K, H);
+        moe_one_row(L, pool, b, K, H); /* by top-k slot: no list of distinct experts */
     } else if (!store) {
+        int need[E], n_need = distinct_experts(b->sel, T * K, E, need);
         for (int i = 0; i < n_need; i++) run_expert(pool, b, &L->experts[need[i]], need[i], T, K, H);
     } else {
+        int need[E], n_need = distinct_experts(b->sel, T * K, E, need);
         /* All reads are requested at once; experts come back resident-first. */
         int rc = df_store_begin_layer(store, li, need, n_need, err);
         if (rc) return rc;

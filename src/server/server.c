@@ -1136,6 +1136,13 @@ static bool is_loopback(const struct sockaddr *sa) {
     return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
 }
 
+/* A start-up step failed: says why, and gives the exit status (1 out of
+ * memory, else CLI_EXIT_BAD), as `deltafin run` does for the same errors. */
+static int start_failed(const df_error *err) {
+    fprintf(stderr, "deltafin: %s\n", err->msg);
+    return err->code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
+}
+
 int df_serve_main(int argc, char **argv) {
     srv_opts *o = &S.o;
     parse_opts(o, argc, argv);
@@ -1165,23 +1172,17 @@ int df_serve_main(int argc, char **argv) {
                          .prefetch_depth = o->prefetch_depth};
     df_error err;
     char what[600];
-    if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) {
-        fprintf(stderr, "deltafin: %s\n", err.msg);
-        return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
-    }
-    if (df_engine_open(&S.eng, &eo, &err)) {
-        fprintf(stderr, "deltafin: %s\n", err.msg);
-        return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
-    }
+    if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) return start_failed(&err);
+    if (df_engine_open(&S.eng, &eo, &err)) return start_failed(&err);
     S.info = df_engine_info(S.eng);
     if (o->draft) {
         df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .lookup_n = o->lookup_n,
                            .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed,
                            .rejection = o->draft_rejection};
         if (df_spec_new(&S.spec, S.eng, &so, &err)) {
-            fprintf(stderr, "deltafin: %s\n", err.msg);
+            int rc = start_failed(&err); /* said before the engine's own close-time warnings */
             df_engine_close(S.eng);
-            return err.code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
+            return rc;
         }
     }
     S.ctx = o->ctx ? o->ctx : (S.info->max_context < 4096 ? S.info->max_context : 4096);
