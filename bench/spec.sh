@@ -9,7 +9,9 @@
 # Environment: B (build dir, default build), REPS (5), MAX_NEW (128), THREADS
 # (all), EXPERTS (pack dir(s): stream experts), CACHE (--expert-cache size, with
 # EXPERTS), BUDGET (--ram-budget), PASSAGE (file: its first 600 bytes are the
-# passage prompt), EXTRA (more `run` options for every arm), OUT (results dir).
+# passage prompt), EXTRA (more `run` options for every arm), OUT (results dir),
+# OTHER (another deltafin binary, e.g. an older build: each drafter arm also runs
+# with it, as `lookup-other`, `draft-other`, interleaved with the rest).
 # Greedy decoding; every arm's output is checked to equal plain decoding's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +48,12 @@ NAMES=(passage list free)
 
 ARMS=(plain lookup)
 [ -n "$DRAFT" ] && ARMS+=(draft)
+if [ -n "${OTHER:-}" ]; then
+    for a in "${ARMS[@]}"; do [ "$a" = plain ] || ARMS+=("$a-other"); done
+fi
+arm_bin() { case $1 in *-other) echo "$OTHER" ;; *) echo "$B/deltafin" ;; esac; }
 arm_opts() {
-    case $1 in
+    case ${1%-other} in
     plain) ;;
     lookup) echo --draft lookup ;;
     draft) echo --draft "$DRAFT" ;;
@@ -57,13 +63,13 @@ arm_opts() {
 say() { echo "$*" | tee -a "$LOG"; }
 : >"$LOG"
 say "# speculative decoding, $(date -u +%FT%TZ)"
-say "target $TARGET${DRAFT:+, draft $DRAFT}; max-new $MAX_NEW; reps $REPS; ${EXPERTS:+experts $EXPERTS cache ${CACHE:-budget ${BUDGET:-}}}"
+say "target $TARGET${DRAFT:+, draft $DRAFT}${OTHER:+; -other arms: $OTHER}; max-new $MAX_NEW; reps $REPS; ${EXPERTS:+experts $EXPERTS cache ${CACHE:-budget ${BUDGET:-}}}"
 say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 for r in $(seq "$REPS"); do
     for pi in "${!PROMPTS[@]}"; do
         for a in "${ARMS[@]}"; do
             # shellcheck disable=SC2046
-            "$B/deltafin" run "${common[@]}" --prompt "${PROMPTS[$pi]}" $(arm_opts "$a") \
+            "$(arm_bin "$a")" run "${common[@]}" --prompt "${PROMPTS[$pi]}" $(arm_opts "$a") \
                 --events "$TMP/$pi-$a-$r.jsonl" >"$TMP/$pi-$a-$r.ids" 2>"$TMP/$pi-$a-$r.err" ||
                 { echo "run failed: $(tail -2 "$TMP/$pi-$a-$r.err")" >&2; exit 1; }
             if [ "$a" != plain ] && ! cmp -s "$TMP/$pi-plain-$r.ids" "$TMP/$pi-$a-$r.ids"; then
@@ -78,7 +84,7 @@ done
 import json, statistics, sys
 tmp, reps, n_p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 names, arms = sys.argv[4].split(), sys.argv[5].split()
-print(f"{'prompt':8} {'arm':7} {'tokens':>6} {'tok/s (median)':>15} {'speed-up':>8} {'accept':>7} {'depth':>6} {'MB/token':>9}")
+print(f"{'prompt':8} {'arm':13} {'tokens':>6} {'tok/s (median)':>15} {'speed-up':>8} {'accept':>7} {'depth':>6} {'MB/token':>9}")
 for p in range(n_p):
     base = None
     for a in arms:
@@ -99,6 +105,6 @@ for p in range(n_p):
         up = m / base if base else 0.0
         ac = f"{statistics.median(acc):.2f}" if acc else "-"
         dp = f"{statistics.median(depth):.2f}" if depth else "-"
-        print(f"{names[p]:8} {a:7} {statistics.median(ntok):6.0f} {m:15.3f} {up:8.2f} {ac:>7} {dp:>6} {statistics.median(mb):9.2f}")
+        print(f"{names[p]:8} {a:13} {statistics.median(ntok):6.0f} {m:15.3f} {up:8.2f} {ac:>7} {dp:>6} {statistics.median(mb):9.2f}")
 EOF
 say "(results in $LOG)"
