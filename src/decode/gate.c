@@ -150,10 +150,12 @@ static void fit(spec_gate *g) {
     g->f = ff > F_MAX ? F_MAX : ff;
 }
 
+/* Drafting one token, in plain steps of t seconds (0 while unknown). */
+static double draft_cost(const spec_gate *g, double t) { return g->t_draft > 0 && t > 0 ? g->t_draft / t : 0.0; }
+
 /* Cost of a pass drafting k tokens, in plain steps of t seconds. */
 static double pass_cost(const spec_gate *g, int k, double t) {
-    double d = g->t_draft > 0 && t > 0 ? g->t_draft / t : 0.0;
-    return k > 0 ? 1.0 + g->f + (g->g + d) * k : 1.0;
+    return k > 0 ? 1.0 + g->f + (g->g + draft_cost(g, t)) * k : 1.0;
 }
 
 /* The depth with the best S(k) at acceptance a, plain steps of t seconds. */
@@ -197,8 +199,8 @@ static bool probe_pays(const spec_gate *g, int lag, int left) {
  * this is also tried before a probe is judged a failure. */
 static int explore_depth(const spec_gate *g, int k, double s) {
     if (k >= g->k_max || g->vn[k] < EXPLORE_AFTER || g->vn[k + 1]) return 0;
-    double d = g->t_draft > 0 && g->t_plain > 0 ? g->t_draft / g->t_plain : 0.0;
-    double hope = expected_tokens(g->a, k + 1) / (pass_cost(g, k, g->t_plain) + G_MIN + d);
+    double least = pass_cost(g, k, g->t_plain) + G_MIN + draft_cost(g, g->t_plain);
+    double hope = expected_tokens(g->a, k + 1) / least;
     return hope > s && hope >= 1.0 ? k + 1 : 0;
 }
 

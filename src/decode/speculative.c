@@ -81,7 +81,6 @@ struct df_spec {
     spec_gate gt;
     df_spec_stats st;
     uint64_t plain_passes, plain_bytes, verify_bytes;
-    double t_draft0, t_catchup0; /* the draft model's costs measured at load */
     double draft_s;   /* drafting time of verify passes, the draft model's catch-up aside */
     double catchup_s; /* the draft model's catch-up (its prefill of unseen tokens) */
 };
@@ -116,7 +115,7 @@ static int check_tokenizer(const df_engine *t, const df_engine *d, const char *d
  * (the fastest of a few tries: the first ones pay for cold caches). */
 #define WARM_PREFILL 16
 #define WARM_STEPS 4
-static int measure_draft(df_spec *sp, df_error *err) {
+static int measure_draft(df_spec *sp, double *t_draft, double *t_catchup, df_error *err) {
     df_session *w = NULL;
     int32_t t[WARM_PREFILL];
     int V = df_engine_info(sp->deng)->vocab_size;
@@ -141,8 +140,8 @@ static int measure_draft(df_spec *sp, df_error *err) {
     free(lg);
     df_session_free(w);
     if (rc == DF_OK) {
-        sp->t_catchup0 = pre * WARM_SLOWDOWN;
-        sp->t_draft0 = step * WARM_SLOWDOWN;
+        *t_catchup = pre * WARM_SLOWDOWN;
+        *t_draft = step * WARM_SLOWDOWN;
     }
     return rc;
 }
@@ -167,12 +166,13 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
     sp->fixed = o->fixed_depth;
     sp->rejection = o->rejection != 0;
     sp->kind = DRAFT_LOOKUP;
+    double t_draft = -1.0, t_catchup = -1.0; /* unknown unless a draft model is measured */
     if (strcmp(o->draft, "lookup") != 0) {
         sp->kind = DRAFT_MODEL;
         df_engine_opts eo = {.model_dir = o->draft, .n_threads = o->n_threads, .isa = o->isa};
         int rc = df_engine_open(&sp->deng, &eo, err);
         if (rc == DF_OK) rc = check_tokenizer(target, sp->deng, o->draft, err);
-        if (rc == DF_OK) rc = measure_draft(sp, err);
+        if (rc == DF_OK) rc = measure_draft(sp, &t_draft, &t_catchup, err);
         if (rc) {
             df_spec_free(sp);
             return rc;
@@ -182,8 +182,7 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
     }
     sp->rows = df_xmalloc(sizeof(float) * (size_t)sp->V * (size_t)(k_max + 1));
     sp->p = df_xmalloc(sizeof(float) * (size_t)sp->V);
-    bool model = sp->kind == DRAFT_MODEL;
-    gate_init(&sp->gt, k_max, sp->fixed, model, model ? sp->t_draft0 : -1.0, model ? sp->t_catchup0 : -1.0);
+    gate_init(&sp->gt, k_max, sp->fixed, sp->kind == DRAFT_MODEL, t_draft, t_catchup);
     *out = sp;
     return DF_OK;
 }
