@@ -87,6 +87,12 @@ static uint64_t rss_bytes(void) {
 #define MADV_POPULATE_READ 22
 #endif
 
+/* The page-aligned range [*a, *a + *len) covering tensor t. */
+static void tensor_pages(const df_tensor *t, long pg, uintptr_t *a, size_t *len) {
+    *a = (uintptr_t)t->data & ~(uintptr_t)(pg - 1);
+    *len = (size_t)((uintptr_t)t->data + t->nbytes - *a);
+}
+
 /* Maps the pages of the weights in now (page tables included), so that the
  * first forward pass does not pay a page fault per 4 KiB, and so that an RSS
  * measured next includes them. Routed experts are skipped when they stream,
@@ -103,14 +109,17 @@ static void prefault(const df_model *m, bool experts_too, const bool *done) {
     for (size_t i = 0; !experts_too && i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
         if (!t->nbytes || !is_expert_tensor(t->name)) continue;
-        uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(pg - 1);
-        madvise((void *)a, (size_t)((uintptr_t)t->data + t->nbytes - a), MADV_NOHUGEPAGE);
+        uintptr_t a;
+        size_t len;
+        tensor_pages(t, pg, &a, &len);
+        madvise((void *)a, len, MADV_NOHUGEPAGE);
     }
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
         if (!t->nbytes || (!experts_too && is_expert_tensor(t->name)) || (done && done[t->file])) continue;
-        uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(pg - 1);
-        size_t len = (size_t)((uintptr_t)t->data + t->nbytes - a);
+        uintptr_t a;
+        size_t len;
+        tensor_pages(t, pg, &a, &len);
         if (madvise((void *)a, len, MADV_POPULATE_READ) == 0) continue;
         volatile const char *p = t->data; /* older kernels: touch every page */
         char sink = 0;
@@ -137,7 +146,6 @@ static void prefault(const df_model *m, bool experts_too, const bool *done) {
  * storage (pages another process maps stay as they are).
  * A probe on one 2 MiB chunk first checks that this kernel and file system
  * can do it at all, so that a system without file THP never re-reads. */
-
 
 typedef struct span { uintptr_t lo, hi; } span;
 
@@ -211,9 +219,10 @@ static bool populate_span(span s, uintptr_t c, uintptr_t ce) {
 /* Sets done[f] for the files whose tensors it leaves mapped in: it has to
  * populate a file to see how the page cache maps it, and the prefault that
  * follows need not walk those pages again. It does not for a file too small
- * for a 2 MiB chunk, one whose populate failed (an older kernel: the prefault
- * touches its pages, and no judging how it is mapped). A file is "mostly" PMD-mapped when 90% of its whole
- * chunks are: the partial ones at either end never can be. */
+ * for a 2 MiB chunk, or one whose populate failed (an older kernel: the
+ * prefault touches its pages, and no judging how it is mapped). A file is
+ * "mostly" PMD-mapped when 90% of its whole chunks are: the partial ones at
+ * either end never can be. */
 static void huge_weights(const df_model *m, bool *done) {
     for (int f = 0; f < df_st_file_count(m->st); f++) {
         done[f] = false;
