@@ -2,8 +2,9 @@
  * cli/args.h - what the command-line front ends (src/main.c's commands and
  * `deltafin serve`) share for reading options: one way to fail (a message
  * prefixed "deltafin: ", exit status 2), the checked number/size parsers
- * whose messages name the flag, and how --ram-budget makes room for a draft. Front-end code only: the engine reports
- * errors through df_error and never exits.
+ * whose messages name the flag, and how --ram-budget makes room for a draft.
+ * Front-end code only: the engine reports errors through df_error and never
+ * exits.
  */
 #ifndef DF_CLI_ARGS_H
 #define DF_CLI_ARGS_H
