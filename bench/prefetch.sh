@@ -12,7 +12,8 @@
 # usage: bench/prefetch.sh [MODEL_DIR [PACK_DIR]]   (defaults: the make-bench model)
 # env:   REPS (3), NEW (48), BUDGET (2G), ARMS ("on off"), PROMPT_LEN (512), B (build),
 #        CACHE (size the expert cache directly instead of BUDGET, for small models),
-#        SKIP_PREFILL=1
+#        SKIP_PREFILL=1, SIM_GBS (read the pack through a simulated disk of that
+#        bandwidth, `run --sim-disk`: a known, constant bandwidth for the bound)
 # Results: bench/results/<date>/prefetch/ (events JSON lines + summary.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ NEW=${NEW:-48}
 BUDGET=${BUDGET:-2G}
 ARMS=${ARMS:-on off}
 if [ -n "${CACHE:-}" ]; then MEM=(--expert-cache "$CACHE"); else MEM=(--ram-budget "$BUDGET"); fi
+[ -n "${SIM_GBS:-}" ] && MEM+=(--sim-disk "$SIM_GBS")
 PLEN=${PROMPT_LEN:-512}
 OUT=bench/results/$(date +%Y-%m-%d)/prefetch-$(basename "$M")
 mkdir -p "$OUT"
@@ -41,7 +43,10 @@ NREC=$(/usr/bin/python3 -c "import json; print(len(json.load(open('$PACK/manifes
 RECORD=$((EXPERT_BYTES / NREC))
 say "# prefetch benchmark, $(date -u +%FT%TZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 say "model $M: experts $((EXPERT_BYTES / 1048576)) MiB in $NREC records; ${MEM[*]}; $NEW tokens; reps $REPS"
-iobw() { "$B/bench_io" -s "$RECORD" -d 8 -t 4 "$PACK/experts.bin" | awk '{print $2}'; }
+iobw() {
+    if [ -n "${SIM_GBS:-}" ]; then echo "$SIM_GBS"; return; fi
+    "$B/bench_io" -s "$RECORD" -d 8 -t 4 "$PACK/experts.bin" | awk '{print $2}'
+}
 VOCAB=$(/usr/bin/python3 -c "import json; print(json.load(open('$M/config.json'))['vocab_size'])")
 ids() { /usr/bin/python3 -c "import random; r=random.Random($1); v=$VOCAB; print(','.join(str(r.randrange(min(1000, v // 8), v)) for _ in range($2)))"; }
 P16=$(ids 4 16)
@@ -76,7 +81,7 @@ BW=$(iobw)
 echo "touched $BW" >>"$OUT/iobw.txt"
 drop
 # every expert the prompt touches, each read exactly once (a cache that holds them all)
-"$B/deltafin" run --model "$M" --experts "$PACK" --expert-cache "$((EXPERT_BYTES + EXPERT_BYTES / 4))" \
+"$B/deltafin" run --model "$M" --experts "$PACK" ${SIM_GBS:+--sim-disk "$SIM_GBS"} --expert-cache "$((EXPERT_BYTES + EXPERT_BYTES / 4))" \
     --prompt-tokens "$P512" --max-new 1 --temp 0 --print-ids --prefetch off \
     --events "$OUT/touched.jsonl" >/dev/null 2>"$OUT/touched.err"
 # in-RAM compute: the checkpoint in the page cache, experts used in place

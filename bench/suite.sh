@@ -19,6 +19,15 @@
 #          trace (26 MoE layers, 64 experts, top-6), routing replayed from the
 #          trace, 10% and 25%: deltafin vs LRU vs page cache, next to what
 #          `deltafin cache-sim` predicts for the same trace tokens and cache size.
+#  bound   the fraction of the I/O bound (issues 3 and 4) on a disk whose speed
+#          is known: the pack arms of the sweep and replay models and the demo
+#          model streamed, with `--sim-disk SIM_GBS` (reads handed over no
+#          earlier than a disk of that bandwidth, serving them in order with no
+#          credit for idle time, would; src/experts/store.c). This VM's own
+#          disk moves 1.0-2.8 GB/s between repetitions, which makes a fraction
+#          measured against it noise. Decode BOUND_NEW tokens from a
+#          BOUND_PROMPT-token prompt, teacher forced, cold; prefetch off vs on.
+#          The real disk's bandwidth is measured too: it must be faster.
 #
 # Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
 # COLD (1: drop caches before every arm), HOLD (1: in sweep and replay, every
@@ -28,7 +37,8 @@
 # itself leaves HOLD_RESERVE_MIB (64) for the rest of the system. It locks most
 # of the machine's memory, so it is off in --quick, which is meant for a shared
 # machine; HOLD_MAX caps what it locks, for trying it out), RESULTS_DIR, SECTIONS
-# ("core sweep replay demo"), CORE_REPS, DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
+# ("core sweep replay bound demo"), CORE_REPS, SIM_GBS (0.6), BOUND_NEW (128),
+# BOUND_PROMPT (16), BOUND_FRACS ("5 10 25"), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
 # DRAFT_ARMS ("name=flags;name=flags"). Models go to $B/bench-models/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +65,11 @@ COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
-SECTIONS=${SECTIONS:-$(q "sweep replay demo" "core sweep replay demo")} # core: a 10 GB model
+SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core sweep replay bound demo")} # core: a 10 GB model
+SIM_GBS=${SIM_GBS:-0.6}
+BOUND_NEW=${BOUND_NEW:-$(q 32 128)}
+BOUND_PROMPT=${BOUND_PROMPT:-16}
+BOUND_FRACS=${BOUND_FRACS:-$(q "10" "5 10 25")}
 CORE_REPS=${CORE_REPS:-$(q 1 5)}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
@@ -180,7 +194,7 @@ run_arm() {
     else
         flags+=(--expert-cache "$cache")
     fi
-    if [ "$HOLD" = 1 ] && [ "$sec" != demo ] && [ "$sec" != core ]; then
+    if [ "$HOLD" = 1 ] && { [ "$sec" = sweep ] || [ "$sec" = replay ]; }; then
         # every arm gets the same machine: the budget + the always-active weights
         # (mapped; page cache) + HOLD_SLACK for the engine's own buffers and KV
         # cache. For the pack arms the budget is their cache arena, for the
@@ -210,14 +224,14 @@ PYEOF
 }
 model_shape() { /usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(sum(1 for i in range(c["num_hidden_layers"]) if i not in c.get("mlp_only_layers",[])), c["num_experts"], c["num_experts_per_tok"])' "$1"; }
 
-# measure_iobw PACK -> GB/s of O_DIRECT reads of one record at depth 8
+# measure_iobw MODEL [PACK] -> GB/s of O_DIRECT reads of one record at depth 8
 measure_iobw() {
-    local m=$1 shape rec
+    local m=$1 pk=${2:-$1-pack} shape rec
     shape=$(model_shape "$m")
     rec=$(($(model_bytes "$m" | awk '{print $1}') / $(echo "$shape" | awk '{print $1 * $2}')))
     rec=$(((rec + 4095) / 4096 * 4096))
     drop
-    "$B/bench_io" -s "$rec" -d 8 -t "$(q 2 4)" "$m-pack/experts.bin" | awk '{print $2}'
+    "$B/bench_io" -s "$rec" -d 8 -t "$(q 2 4)" "$pk/experts.bin" | awk '{print $2}'
 }
 
 arms_for_sweep() { # name|flags, one a line
@@ -370,8 +384,53 @@ PYEOF
     fi
 fi
 
-# ---- demo (the trained demo models, when present) -----------------------------------
+# ---- bound: the fraction of the I/O bound on a disk of known speed ------------------
 hog_stop
+if [[ " $SECTIONS " == *" bound "* ]]; then
+    BM=$B/bench-models/moe-h$SYN_HIDDEN-l$SYN_LAYERS-e$SYN_EXPERTS-k$SYN_TOPK-i$SYN_MOE_I
+    BR=$B/bench-models/replay-$(basename "${TRACE:-none}" .trace)-h$RR_HIDDEN-i$RR_MOE_I
+    BD=${DEMO_MODEL:-models/demo-moe}
+    say ""
+    say "## bound: experts through a simulated ${SIM_GBS} GB/s disk; prompt $BOUND_PROMPT, decode $BOUND_NEW, teacher forced"
+    BDP=$B/bench-models/$(basename "$BD")-pack
+    if [ -f "$BD/config.json" ] && [ ! -f "$BDP/manifest.json" ]; then
+        say "packing $BD"; "$ENG" pack --model "$BD" --out "$BDP" >>"$LOG"
+    fi
+    for rep in $(seq "$REPS"); do
+        for mdl in "$BM" "$BR" "$BD"; do
+            pk=$mdl-pack
+            [ "$mdl" = "$BD" ] && pk=$BDP
+            [ -f "$mdl/config.json" ] && [ -f "$pk/manifest.json" ] || { [ "$rep" = 1 ] &&
+                say "note: $mdl or its pack absent (the sweep/replay sections make them): skipped"; continue; }
+            read -r EB DB < <(model_bytes "$mdl")
+            case $mdl in
+            "$BM") sec=bound; fracs=$BOUND_FRACS; fl=() ;;
+            "$BR") sec=bound-replay; fracs=$REPLAY_FRACS; fl=(--replay-routing "$TRACE" --chunk 1) ;;
+            *) sec=bound-demo; fracs=25; fl=() ;;
+            esac
+            REAL=$(measure_iobw "$mdl" "$pk")
+            echo "{\"section\":\"$sec\",\"event\":\"realbw\",\"rep\":$rep,\"gbs\":$REAL}" >>"$ARMS"
+            say "rep $rep $sec: the real disk reads $REAL GB/s (O_DIRECT, record-sized); simulated $SIM_GBS"
+            /usr/bin/python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.2 * float(sys.argv[2]))" "$REAL" "$SIM_GBS" ||
+                say "note: the real disk is not clearly faster than the simulated one: fractions are low"
+            ORDER="off on lru"
+            [ $((rep % 2)) = 0 ] && ORDER="lru on off"
+            for frac in $fracs; do
+                for a in $ORDER; do
+                    case $a in
+                    off) arm=deltafin; af=(--policy deltafin --prefetch off) ;;
+                    on) arm=deltafin-prefetch; af=(--policy deltafin --prefetch on) ;;
+                    lru) arm=lru; af=(--policy lru --prefetch off) ;;
+                    esac
+                    run_arm "$sec" "$arm" "$mdl" "$frac" "$EB" "$DB" 0 "$rep" "$BOUND_PROMPT" "$BOUND_NEW" \
+                        --experts "$pk" --sim-disk "$SIM_GBS" --teacher-force 7 "${af[@]}" "${fl[@]}"
+                done
+            done
+        done
+    done
+fi
+
+# ---- demo (the trained demo models, when present) -----------------------------------
 if [[ " $SECTIONS " == *" demo "* ]]; then
     DM=${DEMO_MODEL:-models/demo-moe}
     if [ ! -f "$DM/config.json" ]; then

@@ -77,6 +77,12 @@ typedef struct df_engine_opts {
      * trace's MoE layer count, experts per layer and top-k must match the
      * model. NULL: the model's own routing. The server never sets it. */
     const char *replay_routing;
+    /* Benchmarks only: expert reads from the pack are handed over no earlier
+     * than a disk of this many bytes/s would finish them, serving them in
+     * submission order with no credit for time it sat idle (a bandwidth that
+     * is known and constant, on a machine whose disk is faster and varies).
+     * Needs a pack; 0: off. The server never sets it. */
+    double sim_disk_bps;
     /* Bytes the budget must also hold for something outside this engine that
      * the process keeps resident (a draft model: df_spec_draft_bytes), and
      * what it is, for the budget's error message. */
@@ -142,6 +148,7 @@ typedef struct df_stats {
     double prefetch_speedup;
     const char *replay_routing; /* trace the routing is replayed from, NULL: the
                                    model's own routing */
+    double sim_disk_bps;        /* df_engine_opts.sim_disk_bps in use, 0: none */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

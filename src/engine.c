@@ -314,7 +314,8 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
     df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache,
                         .policy = o->cache_policy, .pin_bytes = o->pin_bytes,
                         .prefetch = o->prefetch, .prefetch_depth = o->prefetch_depth,
-                        .prefetch_min_recall = o->prefetch_min_recall > 0 ? o->prefetch_min_recall : -1};
+                        .prefetch_min_recall = o->prefetch_min_recall > 0 ? o->prefetch_min_recall : -1,
+                        .sim_disk_bps = o->sim_disk_bps};
     rc = df_store_open(&e->store, m, &so, err);
     free(dirs_buf);
     return rc;
@@ -424,12 +425,16 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         free(e);
         return rc;
     }
-    if ((opts->experts && *opts->experts) || opts->ram_budget || opts->expert_cache) {
+    bool have_pack = opts->experts && *opts->experts;
+    if (have_pack || opts->ram_budget || opts->expert_cache || opts->sim_disk_bps > 0) {
         uint64_t unused;
         /* a dense model has nothing to stream: the budget must hold all of it */
-        rc = c->num_experts <= 0 && !opts->experts
-                 ? (opts->ram_budget ? budget_left(e, opts, true, &unused, err) : DF_OK)
-                 : setup_streaming(e, opts, err);
+        if (opts->sim_disk_bps > 0 && (!have_pack || c->num_experts <= 0))
+            rc = df_fail(err, DF_ERR_ARG, "a simulated disk needs a pack of the model's experts (--experts)");
+        else
+            rc = c->num_experts <= 0 && !opts->experts
+                     ? (opts->ram_budget ? budget_left(e, opts, true, &unused, err) : DF_OK)
+                     : setup_streaming(e, opts, err);
         if (rc) {
             free_replay(e);
             df_tokenizer_free(e->tok);
@@ -518,6 +523,7 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->cache_bytes = (uint64_t)df_store_slots(e->store) * df_store_slot_bytes(e->store);
     o->expert_source = df_store_source(e->store);
     o->direct_io = df_store_direct(e->store);
+    o->sim_disk_bps = df_store_sim_disk(e->store);
     o->prefetch = df_store_prefetch_mode(e->store);
     o->prefetch_depth = df_store_prefetch_depth(e->store);
     o->prefetch_reads = s.prefetch_reads;

@@ -49,7 +49,7 @@ typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
     const char *experts, *events, *policy, *prefetch, *replay, *draft;
     uint64_t ram_budget, expert_cache, pin;
-    double io_bw, prefetch_min_recall;
+    double io_bw, prefetch_min_recall, sim_disk;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     bool teacher_set;  /* given on the command line (0 turns bench's default off) */
     long prompt_seed;  /* --random-prompt's seed */
@@ -142,6 +142,10 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = (int)cli_long(a, v, 1, 16);
         else if (!strcmp(a, "--lookup-n")) o->lookup_n = (int)cli_long(a, v, 1, 16);
         else if (!strcmp(a, "--io-bw")) o->io_bw = cli_float(a, v);
+        else if (!strcmp(a, "--sim-disk")) {
+            o->sim_disk = cli_float(a, v);
+            if (o->sim_disk <= 0) cli_die("--sim-disk expects a bandwidth in GB/s above 0, got '%s'", v);
+        }
         else if (!strcmp(a, "--max-new")) { o->max_new = (int)cli_long(a, v, 0, 1 << 24); o->max_new_set = true; }
         else if (!strcmp(a, "--threads")) o->threads = (int)cli_long(a, v, 1, 256);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_long(a, v, 1, 1 << 24);
@@ -166,7 +170,8 @@ static df_engine *open_engine(const opts *o) {
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
                          .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth,
-                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay};
+                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay,
+                         .sim_disk_bps = o->sim_disk * 1e9};
     char what[600];
     if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) die_err(&err);
     df_engine *e;
@@ -206,6 +211,7 @@ static void json_str(FILE *f, const char *s) {
 
 /* Events of replayed routing say so: their output is not the model's own. */
 static void json_routing(FILE *f, const df_stats *b) {
+    if (b->sim_disk_bps > 0) fprintf(f, "\"sim_disk_gbs\":%.4f,", b->sim_disk_bps / 1e9);
     fprintf(f, "\"routing\":\"%s\"", b->replay_routing ? "replay" : "model");
     if (b->replay_routing) {
         fprintf(f, ",\"replay_trace\":\"");
@@ -324,8 +330,8 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 per_tok / 1e6, (double)waste / 1e6, bw / 1e9, wait, n_dec ? wait / n_dec : 0.0,
                 dec_s - wait);
         if (bound > 0)
-            fprintf(stderr, "  I/O bound %.3f tok/s at %.3f GB/s measured: achieved %.2f of it\n", bound,
-                    io_bw, tps / bound);
+            fprintf(stderr, "  I/O bound %.3f tok/s at %.3f GB/s %s: achieved %.2f of it\n", bound, io_bw,
+                    b->sim_disk_bps > 0 ? "(simulated disk)" : "measured", tps / bound);
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);
@@ -427,6 +433,10 @@ static const char RUN_HELP[] =
     "                       default with --draft, whose drafts need the model's own tokens)\n"
     "  --io-bw GB/S         measured device bandwidth: --stats then reports the I/O bound\n"
     "                       (bandwidth / bytes missed per token) and the fraction reached\n"
+"  --sim-disk GB/S      benchmarking: hand expert reads over no earlier than a disk of\n"
+"                       this bandwidth, serving reads in order with no credit for idle\n"
+"                       time, would (needs --experts and a faster real disk; the bytes\n"
+"                       still come from the pack). Sets --io-bw's default\n"
     "  --random-prompt N    benchmarking: a seeded random prompt of N tokens instead of\n"
     "                       --prompt (--prompt-seed S, default 1)\n"
     "  --replay-routing TRACE  benchmarking and tests only: MoE layers use the expert ids of\n"
@@ -471,7 +481,7 @@ static int cmd_run(int argc, char **argv) {
     parse(&o, argc, argv,
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
-          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --teacher-force --pin --policy --chunk"
+          " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --sim-disk --teacher-force --pin --policy --chunk"
           " --prefetch --prefetch-depth --prefetch-min-recall --replay-routing --random-prompt --prompt-seed"
           " --draft --draft-k --lookup-n --draft-fixed --draft-rejection ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
@@ -481,6 +491,7 @@ static int cmd_run(int argc, char **argv) {
         if (!o.max_new_set) o.max_new = 513; /* the first token comes from the prompt */
         o.print_ids = true;
     }
+    if (o.sim_disk > 0 && o.io_bw <= 0) o.io_bw = o.sim_disk; /* the bound's bandwidth is known */
     if ((o.prompt != NULL) + (o.prompt_tokens != NULL) + (o.random_prompt > 0) != 1)
         cli_die("give exactly one of --prompt, --prompt-tokens or --random-prompt");
     if (o.chat && !o.prompt) cli_die("--chat needs --prompt");

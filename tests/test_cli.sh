@@ -157,6 +157,14 @@ expect_error spec-missing-draft "/no/such/draft" "$ENG" run --model "$MOE" --pro
 expect_error spec-k-range "--draft-k expects an integer in 1..16" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --draft-k 0
 expect_error spec-k-needs-draft "need --draft" "$ENG" run --model "$MOE" --prompt-tokens 1 --lookup-n 2
 expect_error spec-teacher "cannot be combined" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
+# --sim-disk: needs a pack; with one, the same ids and the bound's bandwidth in --stats
+expect_error sim-disk-needs-pack "simulated disk needs a pack" "$ENG" run --model "$MOE" --prompt-tokens 1 --sim-disk 1
+expect_error sim-disk-positive "--sim-disk expects a bandwidth" "$ENG" run --model "$MOE" --prompt-tokens 1 --sim-disk 0
+a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --experts "$T/pack" --expert-cache 200K 2>&1)
+b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --experts "$T/pack" --expert-cache 200K \
+    --sim-disk 0.05 --stats 2>"$T/err")
+[ -n "$a" ] && [ "$a" = "$b" ] && grep -q "I/O bound .* at 0.050 GB/s (simulated disk)" "$T/err" && ok sim-disk \
+    || bad sim-disk "'$a' / '$b' $(grep -i bound "$T/err")"
 # --teacher-force 0 is off: the model's own tokens (the drafters' baseline in bench)
 a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids 2>&1)
 b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 0 2>&1)

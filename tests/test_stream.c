@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NTOK 40
@@ -32,6 +33,8 @@ typedef struct arm {
     int depth;
 } arm;
 
+static double sim_gbs; /* run() with a simulated disk of this bandwidth; 0: none */
+
 static size_t slot_bytes(const char *experts) {
     df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = experts,
                         .expert_cache = (uint64_t)1 << 40};
@@ -46,7 +49,8 @@ static size_t slot_bytes(const char *experts) {
 
 static float *run(const arm *a, df_stats *st_out) {
     df_engine_opts o = {.model_dir = moe_dir, .n_threads = a->threads, .experts = a->experts,
-                        .prefetch = a->prefetch, .prefetch_depth = a->depth};
+                        .prefetch = a->prefetch, .prefetch_depth = a->depth,
+                        .sim_disk_bps = sim_gbs * 1e9};
     if (a->slots) o.expert_cache = (uint64_t)a->slots * slot_bytes(a->experts);
     df_engine *e;
     df_error err;
@@ -342,6 +346,51 @@ static void test_short_reads_and_eintr(void **state) {
     assert_true(st.expert_misses > 0);
 }
 
+/* The simulated disk changes when reads are handed over, never what they
+ * hold: exact with and without prefetch, striped, 1 and 2 threads. It never
+ * delivers faster than its bandwidth (bytes read / wall time), and it needs a
+ * pack: without one it is a clear error. */
+static void test_sim_disk(void **state) {
+    (void)state;
+    arm a[] = {{pack1, 3, 2, 1, "off", 0}, {packs2, 5, 1, 7, "router", 1},
+               {pack1, 1, 2, NTOK, "on", 2}, {pack1, 16, 1, 1, "prev", 1}};
+    sim_gbs = 0.05;
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) check(&a[i]);
+    sim_gbs = 0;
+    df_stats st;
+    arm slow = {pack1, 3, 1, 1, "off", 0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    free(run(&slow, &st));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double plain = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    /* a bandwidth at which the reads alone take 3x the whole run on the real
+     * disk: without the pacing the check below could not pass */
+    sim_gbs = (double)st.expert_bytes_read / (3 * plain + 0.1) / 1e9;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    df_stats ss;
+    float *lg = run(&slow, &ss);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double rate = sim_gbs * 1e9;
+    sim_gbs = 0;
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_memory_equal(lg, ref, sizeof(float) * (size_t)V * NTOK);
+    free(lg);
+    assert_true(ss.sim_disk_bps > 0);
+    assert_true(ss.expert_bytes_read == st.expert_bytes_read);
+    if ((double)ss.expert_bytes_read / secs > rate * 1.01)
+        fail_msg("%llu bytes in %.3f s: faster than the simulated %.0f B/s",
+                 (unsigned long long)ss.expert_bytes_read, secs, rate);
+    df_engine_opts o = {.model_dir = moe_dir, .sim_disk_bps = 1e9};
+    df_engine *e;
+    df_error err;
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
+    assert_non_null(strstr(err.msg, "simulated disk"));
+    o.expert_cache = 3 * slot_bytes(NULL); /* streaming from the safetensors */
+    assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
+    assert_non_null(strstr(err.msg, "simulated disk"));
+}
+
 static void test_missing_pack(void **state) {
     (void)state;
     df_engine_opts o = {.model_dir = moe_dir, .experts = "/nonexistent/pack-dir"};
@@ -366,7 +415,7 @@ int main(void) {
         cmocka_unit_test(test_safetensors_path),  cmocka_unit_test(test_stats),
         cmocka_unit_test(test_heat_and_pin),
         cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_short_reads_and_eintr),
-        cmocka_unit_test(test_missing_pack),
+        cmocka_unit_test(test_missing_pack),      cmocka_unit_test(test_sim_disk),
         cmocka_unit_test(test_prefetch_exact),    cmocka_unit_test(test_prefetch_stats),
         cmocka_unit_test(test_prefetch_bad_options),
     };

@@ -27,6 +27,8 @@ typedef struct df_store_opts {
     const char *prefetch;         /* "on": gated; NULL/"off", "router", "prev" (prefetch.h) */
     int prefetch_depth;           /* MoE layers ahead of the router lookahead; 0 = 1 */
     double prefetch_min_recall;   /* the gate's threshold; < 0 = default 0.5 */
+    double sim_disk_bps;          /* benchmarks: hand reads over no earlier than a disk
+                                     of this many bytes/s would (store.c); 0: off */
 } df_store_opts;
 
 typedef struct df_store_stats {
@@ -70,6 +72,7 @@ int df_store_pinned(const df_store *s); /* experts read in at start-up */
  * reads go behind every demand read already queued, into free transient slots
  * only: a prediction never evicts a cached expert. */
 int df_store_prefetch_depth(const df_store *s);
+double df_store_sim_disk(const df_store *s); /* bytes/s, 0: the real disk */
 void df_store_predict(df_store *s, int layer, const int *sel, int n_sel);
 const char *df_store_prefetch_mode(const df_store *s);
 /* The time gate (prefetch.h): "probing", "on", "off" or "forced", and the last
