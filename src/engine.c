@@ -428,7 +428,10 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     bool have_pack = opts->experts && *opts->experts;
     if (have_pack || opts->ram_budget || opts->expert_cache || opts->sim_disk_bps > 0) {
         uint64_t unused;
-        /* a dense model has nothing to stream: the budget must hold all of it */
+        /* a dense model has nothing to stream: the budget must hold all of it.
+         * A simulated disk paces pack reads only: streaming from the
+         * safetensors, the page cache is the expert cache and most reads
+         * never reach a disk. */
         if (opts->sim_disk_bps > 0 && (!have_pack || c->num_experts <= 0))
             rc = df_fail(err, DF_ERR_ARG, "a simulated disk needs a pack of the model's experts (--experts)");
         else

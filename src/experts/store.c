@@ -140,7 +140,6 @@ struct df_store {
     int demand_inflight, pf_inflight; /* operations in flight, per class */
     df_error fail;      /* sticky error from a completion */
     bool failed;
-    double spin_s;      /* a blocking wait polls this long before it sleeps */
     double sim_bps;     /* simulated disk bandwidth, bytes/s; 0: the real one */
     double sim_free;    /* when the simulated disk has served what it was given */
     held_cqe *held;     /* completions not yet due, at most one per operation */
@@ -306,7 +305,7 @@ static double due_of(const df_store *s, uint64_t d) { return s->slots[d / MAX_OP
  * is ready (block false), or a negative errno. With the simulated disk, the
  * earliest due of those held, once its time has come. */
 static int next_cqe(df_store *s, bool block, uint64_t *d, int *res) {
-    double spin_until = block && s->spin_s > 0 ? df_now() + s->spin_s : 0;
+    double spin_until = block ? df_now() + IO_SPIN_S : 0;
     for (;;) {
         struct io_uring_cqe *cqe;
         while (io_uring_peek_cqe(&s->ring, &cqe) == 0) {
@@ -320,28 +319,28 @@ static int next_cqe(df_store *s, bool block, uint64_t *d, int *res) {
             }
             s->held[s->n_held++] = (held_cqe){data, r};
         }
-        int r;
+        int best = 0;
+        double wait = 0;
         if (s->n_held) {
-            int best = 0;
             for (int i = 1; i < s->n_held; i++)
                 if (due_of(s, s->held[i].data) < due_of(s, s->held[best].data)) best = i;
-            double wait = due_of(s, s->held[best].data) - df_now();
+            wait = due_of(s, s->held[best].data) - df_now();
             if (wait <= 0) {
                 *d = s->held[best].data;
                 *res = s->held[best].res;
                 s->held[best] = s->held[--s->n_held];
                 return 1;
             }
-            if (!block) return 0;
-            if (spin_until > 0 && df_now() < spin_until) continue;
-            /* sleep until it is due, or until the real disk delivers another */
+        }
+        if (!block) return 0;
+        if (df_now() < spin_until) continue; /* poll a while before sleeping */
+        int r;
+        if (s->n_held) { /* sleep until it is due, or until the real disk delivers another */
             struct __kernel_timespec ts = {.tv_sec = (long long)wait,
                                            .tv_nsec = (long long)((wait - (double)(long long)wait) * 1e9)};
             r = io_uring_wait_cqe_timeout(&s->ring, &cqe, &ts);
             if (r == -ETIME) continue;
         } else {
-            if (!block) return 0;
-            if (spin_until > 0 && df_now() < spin_until) continue;
             r = io_uring_wait_cqe(&s->ring, &cqe);
         }
         if (r < 0 && r != -EINTR) return r;
@@ -439,16 +438,9 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->queue = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->pred = df_xmalloc(sizeof(int) * (size_t)s->E);
     if (o->sim_disk_bps > 0) {
-        if (!s->pack) {
-            /* streaming from the safetensors, the page cache is the expert
-             * cache: most of those reads would never reach a disk */
-            rc = df_fail(err, DF_ERR_ARG, "a simulated disk needs a pack (--experts)");
-            goto fail;
-        }
         s->sim_bps = o->sim_disk_bps;
         s->held = df_xmalloc(sizeof(held_cqe) * (size_t)s->n_slots * MAX_OPS);
     }
-    s->spin_s = IO_SPIN_S;
     const char *faults = getenv("DF_TEST_IO_FAULTS");
     s->fault_short = faults && strstr(faults, "short");
     s->fault_eintr = faults && strstr(faults, "eintr");

@@ -28,7 +28,9 @@ typedef struct df_store_opts {
     int prefetch_depth;           /* MoE layers ahead of the router lookahead; 0 = 1 */
     double prefetch_min_recall;   /* the gate's threshold; < 0 = default 0.5 */
     double sim_disk_bps;          /* benchmarks: hand reads over no earlier than a disk
-                                     of this many bytes/s would (store.c); 0: off */
+                                     of this many bytes/s would (store.c); 0: off. Only
+                                     with pack_dirs (df_engine_open refuses it otherwise:
+                                     page-cache hits would be paced as disk reads) */
 } df_store_opts;
 
 typedef struct df_store_stats {
