@@ -116,7 +116,9 @@ static void prefault(const df_model *m, bool experts_too, const bool *done) {
     }
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
-        if (!t->nbytes || (!experts_too && is_expert_tensor(t->name)) || (done && done[t->file])) continue;
+        if (!t->nbytes || (!experts_too && is_expert_tensor(t->name)) || (done && done[t->file]) ||
+            df_model_ram_copy(m, t))
+            continue;
         uintptr_t a;
         size_t len;
         tensor_pages(t, pg, &a, &len);
@@ -304,7 +306,11 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
         }
     }
     uint64_t cache = UINT64_MAX / 2; /* no budget: room for every expert */
-    int rc;
+    int rc = df_model_dense_to_ram(&e->model, err);
+    if (rc) {
+        free(dirs_buf);
+        return rc;
+    }
     if (o->expert_cache) {
         cache = o->expert_cache;
     } else if (o->ram_budget && (rc = budget_left(e, o, false, &cache, err))) {

@@ -3,13 +3,17 @@
  * (from a pack with 1 or 2 stripes, or straight from the safetensors) are
  * bit-identical to the all-resident run, for every cache size from one slot
  * to every expert, with 1 and 2 threads, in batches and token by token; and
- * read faults (corrupted record, missing pack) are clean errors.
+ * read faults (corrupted record, missing pack) are clean errors. The
+ * always-active matrices a streaming engine reads from its own copy in RAM
+ * hold the checkpoint's bytes, and a checkpoint cut short is a clean error.
  */
 #include "testutil.h"
 
 #include "deltafin.h"
 #include "experts/pack.h"
+#include "model/model.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -409,6 +413,100 @@ static void test_missing_pack(void **state) {
     assert_non_null(strstr(err.msg, "one expert"));
 }
 
+/* ---- the always-active matrices' copy (streaming reads them from RAM) ---------- */
+
+static bool in_ram(const df_model *m, const df_weight *w) {
+    const uint8_t *p = w->data, *r = m->ram;
+    return r && p >= r && p + w->t->nbytes <= r + m->ram_bytes;
+}
+
+/* A copied weight holds the checkpoint's bytes (read through the mapping). */
+static void check_copied(const df_model *m, const df_weight *w) {
+    assert_true(in_ram(m, w));
+    assert_ptr_equal(df_model_ram_copy(m, w->t), w->data);
+    assert_int_equal(memcmp(w->data, w->t->data, w->t->nbytes), 0);
+}
+
+static void check_dense_copy(const char *dir, bool tied) {
+    df_model m;
+    df_error err;
+    assert_int_equal(df_model_load(&m, dir, &err), DF_OK);
+    assert_null(m.ram);
+    assert_int_equal(df_model_dense_to_ram(&m, &err), DF_OK);
+    assert_non_null(m.ram);
+    void *ram = m.ram;
+    assert_int_equal(df_model_dense_to_ram(&m, &err), DF_OK); /* once only */
+    assert_ptr_equal(m.ram, ram);
+    check_copied(&m, &m.lm_head);
+    assert_true(in_ram(&m, &m.embed) == tied); /* untied: one row per token, left mapped */
+    if (!tied) assert_null(df_model_ram_copy(&m, m.embed.t));
+    int n_moe = 0, n_dense = 0;
+    for (int li = 0; li < m.cfg.num_hidden_layers; li++) {
+        const df_layer *L = &m.layers[li];
+        check_copied(&m, &L->q);
+        check_copied(&m, &L->k);
+        check_copied(&m, &L->v);
+        check_copied(&m, &L->o);
+        if (L->is_moe) {
+            n_moe++;
+            check_copied(&m, &L->router);
+            for (int e = 0; e < m.cfg.num_experts; e++) { /* experts stream, never copied */
+                assert_false(in_ram(&m, &L->experts[e].gate));
+                assert_false(in_ram(&m, &L->experts[e].down));
+                assert_null(df_model_ram_copy(&m, L->experts[e].up.t));
+            }
+        } else {
+            n_dense++;
+            check_copied(&m, &L->gate);
+            check_copied(&m, &L->up);
+            check_copied(&m, &L->down);
+        }
+    }
+    assert_true(n_dense > 0);
+    assert_true(n_moe > 0 || m.cfg.num_experts == 0);
+    df_model_free(&m);
+}
+
+static void copy_file(const char *from, const char *to) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    assert_non_null(a);
+    assert_non_null(b);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0) assert_int_equal(fwrite(buf, 1, n, b), n);
+    fclose(a);
+    assert_int_equal(fclose(b), 0);
+}
+
+static void test_dense_copy(void **state) {
+    (void)state;
+    char dense[600];
+    snprintf(dense, sizeof dense, "%s/../engine-dense", moe_dir);
+    check_dense_copy(moe_dir, false); /* sharded, a dense MLP layer among MoE ones */
+    check_dense_copy(dense, true);
+    /* a checkpoint cut short after it was opened: a clean error naming the tensor */
+    char dir[300], from[700], to[400];
+    snprintf(dir, sizeof dir, "%s/cut", tmp);
+    mkdir(dir, 0755);
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s", dense, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        copy_file(from, to);
+    }
+    df_model m;
+    df_error err;
+    assert_int_equal(df_model_load(&m, dir, &err), DF_OK);
+    struct stat sb;
+    assert_int_equal(stat(to, &sb), 0);
+    assert_int_equal(truncate(to, sb.st_size / 2), 0);
+    assert_int_equal(df_model_dense_to_ram(&m, &err), DF_ERR_IO);
+    assert_non_null(strstr(err.msg, "model.safetensors: tensor '"));
+    assert_non_null(strstr(err.msg, "end of file"));
+    assert_null(m.ram);
+    df_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_every_budget), cmocka_unit_test(test_striped),
@@ -417,7 +515,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt_record),    cmocka_unit_test(test_short_reads_and_eintr),
         cmocka_unit_test(test_missing_pack),      cmocka_unit_test(test_sim_disk),
         cmocka_unit_test(test_prefetch_exact),    cmocka_unit_test(test_prefetch_stats),
-        cmocka_unit_test(test_prefetch_bad_options),
+        cmocka_unit_test(test_prefetch_bad_options), cmocka_unit_test(test_dense_copy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -43,10 +43,23 @@ typedef struct df_model {
     float *inv_freq;   /* [head_dim/2] rotary inverse frequencies (HF float32 values) */
     float rope_attn_factor;
     uint64_t bytes_total, bytes_dense, bytes_experts;
+    /* Always-active matrices read into anonymous memory (df_model_dense_to_ram),
+     * or NULL: the weights then point into the file mapping. */
+    void *ram;
+    size_t ram_bytes;
+    const void **ram_of; /* [df_st_count]: a tensor's copy, or NULL */
 } df_model;
 
 int df_model_load(df_model *m, const char *dir, df_error *err);
 void df_model_free(df_model *m);
+/* Reads the matrices every token uses (attention, routers, dense MLPs, the LM
+ * head; the embedding table only when the LM head is tied to it) out of the
+ * checkpoint into one anonymous region advised for 2 MiB pages, and points the
+ * weights there. For streaming, where the file cannot be mapped with 2 MiB
+ * pages (the expert tensors between them would be charged to the RSS). */
+int df_model_dense_to_ram(df_model *m, df_error *err);
+/* The in-RAM copy of tensor t, or NULL if it is used from the mapping. */
+const void *df_model_ram_copy(const df_model *m, const df_tensor *t);
 
 /* ---- forward pass ---------------------------------------------------------- */
 

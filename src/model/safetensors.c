@@ -290,6 +290,7 @@ size_t df_st_count(const df_st *st) { return st ? st->n : 0; }
 const df_tensor *df_st_at(const df_st *st, size_t i) {
     return st && i < st->n ? &st->t[i] : NULL;
 }
+size_t df_st_index(const df_st *st, const df_tensor *t) { return (size_t)(t - st->t); }
 const char *df_st_file_path(const df_st *st, int file) {
     return st && file >= 0 && file < st->n_files ? st->files[file].path : NULL;
 }

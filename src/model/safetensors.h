@@ -43,6 +43,8 @@ void df_st_close(df_st *st);
 size_t df_st_count(const df_st *st);
 const df_tensor *df_st_at(const df_st *st, size_t i);
 const df_tensor *df_st_find(const df_st *st, const char *name);
+/* The index i with df_st_at(st, i) == t (t must be one of st's tensors). */
+size_t df_st_index(const df_st *st, const df_tensor *t);
 const char *df_st_file_path(const df_st *st, int file);
 int df_st_file_count(const df_st *st);
 /* The open read-only descriptor of file `file` (kept open for the life of the
