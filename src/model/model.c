@@ -3,13 +3,15 @@
  * architecture needs, checks its dtype and shape against config.json (the error
  * names the tensor), widens the small norm vectors to F32 (exact), leaves the
  * matrices in their stored dtype inside the mapping, computes the rotary
- * frequencies, and counts always-active vs routed-expert bytes.
+ * frequencies, and counts always-active vs routed-expert bytes. For streaming
+ * it also reads the always-active matrices into anonymous memory (still in
+ * their stored dtype, byte for byte; see the last section).
  */
 #include "model/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
