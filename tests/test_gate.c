@@ -9,7 +9,8 @@
  * does not switch off a drafter that pays; a drafter that cannot pay stays off
  * most of the time; a draft model whose first passes cost more than the
  * steady state (and whose first probe therefore fails) is probed again and
- * drafts once they do not.
+ * drafts once they do not; a draft model is not probed when a failed probe
+ * would cost more than a few percent of the tokens left.
  */
 #include "testutil.h"
 
@@ -222,6 +223,30 @@ static void test_model_costly_start(void **st) {
     assert_true(ok >= 7);
 }
 
+/* A draft model's probe costs its catch-up whatever the drafts are worth: it
+ * must not start when that would be more than a few percent of the plain steps
+ * still to come (the demo passage: 107 tokens to catch up at 0.15 plain steps
+ * each, 290 tokens left, every draft wrong: one probe cost 8-10 %), and may
+ * when the run is long enough to absorb it. */
+static void test_probe_share(void **st) {
+    (void)st;
+    const double t = 0.3e-3;
+    for (int left = 300; left <= 3000; left += 2700) {
+        spec_gate gt;
+        gate_init(&gt, 8, 0, true, 0.05e-3, 0.045e-3);
+        for (int i = 0; i < 20; i++) gate_plain(&gt, t); /* past PLAIN_FIRST_MODEL */
+        int k = gate_depth(&gt, 107, left);
+        print_message("107 tokens to catch up, %d left: depth %d, probes declined %llu\n", left, k,
+                      (unsigned long long)gt.probes_declined);
+        if (left == 300) {
+            assert_int_equal(k, 0);
+            assert_int_equal(gt.probes_declined, 1);
+        } else {
+            assert_true(k >= 1);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wrong_drafter_off),
@@ -230,6 +255,7 @@ int main(void) {
         cmocka_unit_test(test_spike_keeps_paying_drafter),
         cmocka_unit_test(test_losing_drafter_mostly_off),
         cmocka_unit_test(test_model_costly_start),
+        cmocka_unit_test(test_probe_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
