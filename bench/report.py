@@ -154,8 +154,9 @@ BOUND_NOTE = {
     "bound": "the sweep model",
     "bound-replay": "the replay model, routing replayed from a real trace",
     "bound-demo": "the trained demo model",
+    "bound-core": "the engine core's model, 9 GiB of experts",
 }
-for sec in ("sweep", "replay", "bound", "bound-replay", "bound-demo", "demo"):
+for sec in ("sweep", "replay", "bound", "bound-replay", "bound-core", "bound-demo", "demo"):
     es = [e for e in results if e["section"] == sec]
     if not es:
         continue
@@ -189,7 +190,7 @@ print("\n".join(md))
 if not shutil.which("gnuplot"):
     print("gnuplot not installed (scripts/setup.sh installs gnuplot-nox): no PNGs")
     sys.exit(0)
-for sec in ("sweep", "replay", "bound", "bound-replay", "bound-demo", "demo"):
+for sec in ("sweep", "replay", "bound", "bound-replay", "bound-core", "bound-demo", "demo"):
     es = [e for e in results if e["section"] == sec]
     if not es:
         continue
