@@ -55,18 +55,6 @@ static char *slurp(const char *dir, const char *name, size_t *len) {
     return d;
 }
 
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    char *d;
-    df_error e;
-    assert_int_equal(df_read_file(from, &d, &n, &e), 0);
-    FILE *f = fopen(to, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(d, 1, n, f), n);
-    fclose(f);
-    free(d);
-}
-
 static void flip(const char *dir, const char *name, uint64_t off) {
     char p[700];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -446,7 +434,7 @@ static void make_variant(const char *out, bool link_data) {
             assert_non_null(realpath(from, abs));
             assert_int_equal(symlink(abs, to), 0);
         } else {
-            copy_file(from, to);
+            df_test_copy_file(from, to);
         }
     }
     if (link_data) {
@@ -555,10 +543,10 @@ static void copy_pack(const char *from, const char *to) {
     char a[700], b[700];
     snprintf(a, sizeof a, "%s/manifest.json", from);
     snprintf(b, sizeof b, "%s/manifest.json", to);
-    copy_file(a, b);
+    df_test_copy_file(a, b);
     snprintf(a, sizeof a, "%s/experts.bin", from);
     snprintf(b, sizeof b, "%s/experts.bin", to);
-    copy_file(a, b);
+    df_test_copy_file(a, b);
 }
 
 static void test_truncated(void **st) {

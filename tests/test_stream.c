@@ -467,17 +467,6 @@ static void check_dense_copy(const char *dir, bool tied) {
     df_model_free(&m);
 }
 
-static void copy_file(const char *from, const char *to) {
-    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-    assert_non_null(a);
-    assert_non_null(b);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, a)) > 0) assert_int_equal(fwrite(buf, 1, n, b), n);
-    fclose(a);
-    assert_int_equal(fclose(b), 0);
-}
-
 static void test_dense_copy(void **state) {
     (void)state;
     char dense[600];
@@ -492,7 +481,7 @@ static void test_dense_copy(void **state) {
     for (int i = 0; i < 2; i++) {
         snprintf(from, sizeof from, "%s/%s", dense, files[i]);
         snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        copy_file(from, to);
+        df_test_copy_file(from, to);
     }
     df_model m;
     df_error err;

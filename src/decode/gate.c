@@ -247,8 +247,6 @@ int gate_depth(spec_gate *g, int lag, int left) {
         g->probes_declined++;
         return 0;
     }
-    double s;
-    int k = best_depth(g, g->a, g->t_plain, &s), x = explore_depth(g, k, s);
     /* A draft model's probe drafts one token until that depth is measured:
      * its first measured pass at depth 2 (3.1-3.4 plain steps on the demo
      * list, where depth 1 pays and 2 does not) fitted through the origin made
@@ -256,6 +254,8 @@ int gate_depth(spec_gate *g, int lag, int left) {
      * then tried one at a time (explore_depth). A lookup drafter, whose rows
      * cost little, keeps its fast ramp. */
     if (g->model && g->vn[1] < EXPLORE_AFTER) return 1;
+    double s;
+    int k = best_depth(g, g->a, g->t_plain, &s), x = explore_depth(g, k, s);
     if (x) {
         g->explored++;
         return x;

@@ -44,22 +44,6 @@ static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ---- small I/O helpers ------------------------------------------------------ */
 
-/* Reads n bytes at off, retrying EINTR and short reads; returns the byte count
- * (less than n only at end of file) or -1 with errno set. */
-static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
 /* 0, or an errno value. */
 static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off) {
     size_t put = 0;
@@ -871,7 +855,7 @@ static int read_source(writer *w, int i, uint8_t *buf, df_error *err) {
     for (int k = 0; k < 3; k++) {
         const df_tensor *t = w->pl.src[i][k];
         int fd = df_st_file_fd(w->m.st, t->file);
-        ssize_t got = pread_full(fd, buf + r->part[k].offset, (size_t)t->nbytes, t->file_offset);
+        ssize_t got = df_pread_full(fd, buf + r->part[k].offset, (size_t)t->nbytes, t->file_offset);
         if (got != (ssize_t)t->nbytes)
             return df_fail(err, DF_ERR_IO, "%s: tensor '%s': %s", df_st_file_path(w->m.st, t->file),
                            t->name, got < 0 ? strerror(errno) : "file is shorter than its header says");
@@ -887,7 +871,7 @@ static bool written_ok(writer *w, int i, uint8_t *buf) {
     size_t sb = (size_t)(r->padded / (uint64_t)w->S);
     for (int s = 0; s < w->S; s++) {
         wdir *d = w->by[s];
-        if (pread_full(d->fd, buf + (size_t)s * sb, sb, r->offset) != (ssize_t)sb) return false;
+        if (df_pread_full(d->fd, buf + (size_t)s * sb, sb, r->offset) != (ssize_t)sb) return false;
         if (XXH3_64bits(buf + (size_t)s * sb, sb) != d->sxxh3[i]) return false;
     }
     return XXH3_64bits(buf, (size_t)r->length) == w->xxh3[i];
@@ -1597,7 +1581,7 @@ const char *df_pack_model_fingerprint(const df_pack *p) { return p ? p->fp : NUL
 static int read_stripe(const df_pack *p, const df_pack_record *r, int s, uint8_t *dst,
                        df_error *err) {
     size_t sb = df_pack_stripe_bytes(r, p->S);
-    ssize_t got = pread_full(p->fd[s], dst, sb, r->offset);
+    ssize_t got = df_pread_full(p->fd[s], dst, sb, r->offset);
     struct stat st;
     /* a file cut short shows as a short read, or with O_DIRECT as EINVAL when
      * the retry after a partial block lands on an unaligned offset */

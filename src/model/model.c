@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 /* ---- tensor lookup with shape checks ----------------------------------------- */
 
@@ -260,28 +259,14 @@ void df_model_free(df_model *m) {
  * 2 MiB pages, as a huge page of the file holding a small tensor would also
  * map (and charge to the RSS) the expert bytes next to it. Measured on the
  * engine core's benchmark model streamed from a simulated 0.6 GB/s disk, the
- * attention of all 8 layers took 17-25 ms per token from the mapping and
- * 7-8 ms from an anonymous copy on 2 MiB pages (the same as fully resident),
- * and that time is spent while no expert read can be in flight. A copy read
+ * attention of all 8 layers took 16-25 ms per token from the mapping and
+ * 7-10 ms from an anonymous copy on 2 MiB pages (8-9 ms with every expert
+ * cached), and that time is spent while no expert read can be in flight. A copy read
  * with pread() never maps the file, so the RSS holds exactly the copy. */
 
 #ifndef MADV_HUGEPAGE
 #define MADV_HUGEPAGE 14
 #endif
-
-static int read_fully(int fd, void *dst, uint64_t n, uint64_t off) {
-    uint8_t *p = dst;
-    while (n) {
-        ssize_t r = pread(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return errno;
-        if (r == 0) return -1;
-        p += r;
-        off += (uint64_t)r;
-        n -= (uint64_t)r;
-    }
-    return 0;
-}
 
 int df_model_dense_to_ram(df_model *m, df_error *err) {
     if (m->ram) return DF_OK;
@@ -326,10 +311,10 @@ int df_model_dense_to_ram(df_model *m, df_error *err) {
     for (size_t i = 0; i < nt && !rc; i++) {
         if (off[i] == SIZE_MAX) continue;
         const df_tensor *t = df_st_at(m->st, i);
-        int e = read_fully(df_st_file_fd(m->st, t->file), ram + off[i], t->nbytes, t->file_offset);
-        if (e)
+        ssize_t got = df_pread_full(df_st_file_fd(m->st, t->file), ram + off[i], t->nbytes, t->file_offset);
+        if (got != (ssize_t)t->nbytes)
             rc = df_fail(err, DF_ERR_IO, "%s: tensor '%s': %s", df_st_file_path(m->st, t->file), t->name,
-                         e < 0 ? "unexpected end of file (truncated?)" : strerror(e));
+                         got < 0 ? strerror(errno) : "unexpected end of file (truncated?)");
     }
     if (rc) {
         if (ram) munmap(ram, bytes);

@@ -57,6 +57,20 @@ int df_read_file(const char *path, char **data, size_t *len, df_error *err) {
     return DF_OK;
 }
 
+ssize_t df_pread_full(int fd, void *buf, size_t n, uint64_t off) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
 char *df_path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
     char *p = df_xmalloc(a + b + 2);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/types.h>
 
 /* Fills err (if non-NULL) and returns code, so callers can `return df_fail(...)`. */
 int df_fail(df_error *err, int code, const char *fmt, ...)
@@ -19,6 +20,10 @@ int df_fail(df_error *err, int code, const char *fmt, ...)
 
 /* Reads a whole file (NUL-terminated for convenience). *len excludes the NUL. */
 int df_read_file(const char *path, char **data, size_t *len, df_error *err);
+
+/* Reads n bytes at off, retrying EINTR and short reads; returns the byte count
+ * (less than n only at end of file) or -1 with errno set. */
+ssize_t df_pread_full(int fd, void *buf, size_t n, uint64_t off);
 
 /* path join into a malloc'ed string */
 char *df_path_join(const char *dir, const char *name);
