@@ -64,10 +64,14 @@ typedef struct df_engine_opts {
      * of the router lookahead and the previous token's experts while its
      * running recall reaches prefetch_min_recall, else nothing; "router" or
      * "prev" force one predictor; NULL/"off": none. prefetch_depth: MoE layers ahead the
-     * router lookahead runs (1..8, 0 = 1). prefetch_min_recall: 0 = 0.5. */
+     * router lookahead runs (1..8, 0 = 1). prefetch_min_recall: 0 = 0.5.
+     * prefetch_min_precision: "on" reads a prediction only if, of the earlier
+     * uncached predictions of its rank (in its layer), at least this share was
+     * used (running); 0 = 0.5. */
     const char *prefetch;
     int prefetch_depth;
     double prefetch_min_recall;
+    double prefetch_min_precision;
     /* Benchmarks and tests only: a routing trace (# moe-routing-trace v1) whose
      * tokens, in file order, choose the experts of the rows evaluated, one trace
      * token per row, wrapping around at the end. The router still runs and the
@@ -160,6 +164,11 @@ typedef struct df_prefetch_layer {
     int layer;            /* model layer */
     const char *using;
     double recall_router, recall_prev;
+    /* Running read precision (the share of uncached predictions that the layer
+     * used) of the router's first choice and of the previous step's set; how
+     * many of the router's ranks "on" reads now. */
+    double precision_first, precision_prev;
+    int ranks_read;
     uint64_t predicted, correct, actual;
 } df_prefetch_layer;
 /* Fills up to cap entries; returns the number of MoE layers (0: not streaming). */

@@ -321,6 +321,8 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
                         .policy = o->cache_policy, .pin_bytes = o->pin_bytes,
                         .prefetch = o->prefetch, .prefetch_depth = o->prefetch_depth,
                         .prefetch_min_recall = o->prefetch_min_recall > 0 ? o->prefetch_min_recall : -1,
+                        .prefetch_min_precision =
+                            o->prefetch_min_precision > 0 ? o->prefetch_min_precision : -1,
                         .sim_disk_bps = o->sim_disk_bps};
     rc = df_store_open(&e->store, m, &so, err);
     free(dirs_buf);
@@ -561,6 +563,8 @@ int df_engine_prefetch_layers(const df_engine *e, df_prefetch_layer *out, int ca
             df_store_prefetch_layer(e->store, n, &st);
             out[n] = (df_prefetch_layer){.layer = li, .using = df_pf_choice_name(st.choice),
                                          .recall_router = st.recall_router, .recall_prev = st.recall_prev,
+                                         .precision_first = st.precision_first,
+                                         .precision_prev = st.precision_prev, .ranks_read = st.ranks_read,
                                          .predicted = st.predicted, .correct = st.correct,
                                          .actual = st.actual};
         }

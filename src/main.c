@@ -49,7 +49,7 @@ typedef struct opts {
     const char *model, *prompt, *prompt_tokens, *system, *text, *decode, *tokens, *out, *isa;
     const char *experts, *events, *policy, *prefetch, *replay, *draft;
     uint64_t ram_budget, expert_cache, pin;
-    double io_bw, prefetch_min_recall, sim_disk;
+    double io_bw, prefetch_min_recall, prefetch_min_precision, sim_disk;
     long teacher_seed; /* > 0: feed pseudo-random tokens instead of the sampled ones */
     bool teacher_set;  /* given on the command line (0 turns bench's default off) */
     long prompt_seed;  /* --random-prompt's seed */
@@ -134,6 +134,11 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
             if (o->prefetch_min_recall <= 0 || o->prefetch_min_recall > 1)
                 cli_die("--prefetch-min-recall expects a number in (0, 1], got '%s'", v);
         }
+        else if (!strcmp(a, "--prefetch-min-precision")) {
+            o->prefetch_min_precision = cli_float(a, v);
+            if (o->prefetch_min_precision <= 0 || o->prefetch_min_precision > 1)
+                cli_die("--prefetch-min-precision expects a number in (0, 1], got '%s'", v);
+        }
         else if (!strcmp(a, "--replay-routing")) o->replay = v;
         else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)cli_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = cli_long(a, v, 0, LONG_MAX);
@@ -170,7 +175,8 @@ static df_engine *open_engine(const opts *o) {
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
                          .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
                          .prefetch_depth = o->prefetch_depth,
-                         .prefetch_min_recall = o->prefetch_min_recall, .replay_routing = o->replay,
+                         .prefetch_min_recall = o->prefetch_min_recall,
+                         .prefetch_min_precision = o->prefetch_min_precision, .replay_routing = o->replay,
                          .sim_disk_bps = o->sim_disk * 1e9};
     char what[600];
     if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) die_err(&err);
@@ -269,12 +275,14 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
                 (double)st->prefetch_bytes_used / 1e6, (double)st->prefetch_bytes_wasted / 1e6,
                 (unsigned long long)st->prefetch_no_room, A ? (double)C / (double)A : 0.0,
                 P ? (double)C / (double)P : 0.0);
-        fprintf(stderr, "  layer  using   recall  precision  running recall: router  prev\n");
+        fprintf(stderr, "  layer  using   recall  precision  running recall: router  prev"
+                        "  read precision: first  prev  ranks read\n");
         for (int i = 0; i < n; i++)
-            fprintf(stderr, "  %5d  %-6s  %6.3f  %9.3f  %22.3f  %5.3f\n", pl[i].layer, pl[i].using,
-                    pl[i].actual ? (double)pl[i].correct / (double)pl[i].actual : 0.0,
+            fprintf(stderr, "  %5d  %-6s  %6.3f  %9.3f  %22.3f  %5.3f  %21.3f  %4.3f  %10d\n", pl[i].layer,
+                    pl[i].using, pl[i].actual ? (double)pl[i].correct / (double)pl[i].actual : 0.0,
                     pl[i].predicted ? (double)pl[i].correct / (double)pl[i].predicted : 0.0,
-                    pl[i].recall_router, pl[i].recall_prev);
+                    pl[i].recall_router, pl[i].recall_prev, pl[i].precision_first, pl[i].precision_prev,
+                    pl[i].ranks_read);
     }
     if (ev) {
         fprintf(ev,
@@ -289,10 +297,12 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
         for (int i = 0; i < n; i++)
             fprintf(ev,
                     "%s{\"layer\":%d,\"using\":\"%s\",\"predicted\":%llu,\"correct\":%llu,"
-                    "\"actual\":%llu,\"recall_router\":%.4f,\"recall_prev\":%.4f}",
+                    "\"actual\":%llu,\"recall_router\":%.4f,\"recall_prev\":%.4f,"
+                    "\"read_precision_first\":%.4f,\"read_precision_prev\":%.4f,\"ranks_read\":%d}",
                     i ? "," : "", pl[i].layer, pl[i].using, (unsigned long long)pl[i].predicted,
                     (unsigned long long)pl[i].correct, (unsigned long long)pl[i].actual,
-                    pl[i].recall_router, pl[i].recall_prev);
+                    pl[i].recall_router, pl[i].recall_prev, pl[i].precision_first, pl[i].precision_prev,
+                    pl[i].ranks_read);
         fprintf(ev, "],");
         json_routing(ev, st);
         fprintf(ev, "}\n");
@@ -423,6 +433,8 @@ static const char RUN_HELP[] =
     "                       project's test machine it has not paid yet; docs/prefetch.md)\n"
     "  --prefetch-depth N   MoE layers ahead the router lookahead runs (1..8, default 1)\n"
     "  --prefetch-min-recall R  the gate's recall threshold (default 0.5)\n"
+    "  --prefetch-min-precision P  with --prefetch on, read a prediction only if at least\n"
+    "                       this share of its rank's earlier uncached ones was used (0.5)\n"
     "  --pin SIZE           pinned tier: the hottest experts by the heat histogram kept next\n"
     "                       to the pack (experts.heat) are read at start-up and never evicted\n"
     "  --stats              per-token and summary statistics on stderr: tokens/s, expert\n"
@@ -482,7 +494,7 @@ static int cmd_run(int argc, char **argv) {
           " --model --prompt --prompt-tokens --chat --system --no-think --think --max-new --temp"
           " --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed --threads --ctx --isa"
           " --print-ids --stats --experts --ram-budget --expert-cache --events --io-bw --sim-disk --teacher-force --pin --policy --chunk"
-          " --prefetch --prefetch-depth --prefetch-min-recall --replay-routing --random-prompt --prompt-seed"
+          " --prefetch --prefetch-depth --prefetch-min-recall --prefetch-min-precision --replay-routing --random-prompt --prompt-seed"
           " --draft --draft-k --lookup-n --draft-fixed --draft-rejection ");
     if (o.help) { fputs(RUN_HELP, stdout); return 0; }
     if (g_bench) {
@@ -718,7 +730,7 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static int cmd_logits(int argc, char **argv) {
     opts o;
-    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk --prefetch --prefetch-depth --prefetch-min-recall --replay-routing ");
+    parse(&o, argc, argv, " --model --tokens --out --threads --isa --batch --experts --ram-budget --expert-cache --ctx --pin --policy --chunk --prefetch --prefetch-depth --prefetch-min-recall --prefetch-min-precision --replay-routing ");
     if (o.help) {
         puts("usage: deltafin logits --model DIR --tokens IDS --out FILE [--batch N] [--threads N]\n\n"
              "Evaluates the token sequence from position 0 and writes the logits of every\n"

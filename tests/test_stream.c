@@ -223,6 +223,9 @@ static void test_prefetch_stats(void **state) {
             assert_true(pl[l].correct <= pl[l].actual);
             assert_true(pl[l].actual > 0);
             assert_true(pl[l].recall_router >= 0 && pl[l].recall_router <= 1);
+            assert_true(pl[l].precision_first >= 0 && pl[l].precision_first <= 1);
+            assert_true(pl[l].precision_prev >= 0 && pl[l].precision_prev <= 1);
+            assert_true(pl[l].ranks_read >= 0 && pl[l].ranks_read <= 3); /* the test model's top-k */
         }
         free(lg);
         df_session_free(s);
@@ -247,6 +250,10 @@ static void test_prefetch_bad_options(void **state) {
     o.prefetch_depth = 9;
     assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
     assert_non_null(strstr(err.msg, "depth"));
+    o.prefetch_depth = 1;
+    o.prefetch_min_precision = 1.5;
+    assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
+    assert_non_null(strstr(err.msg, "precision"));
 }
 
 /* The heat histogram persists next to the pack; --pin reads the hottest

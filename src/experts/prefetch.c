@@ -7,23 +7,49 @@
 
 #include "util/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Weight of the newest step in a running recall: about the last ten steps count. */
 #define PF_DECAY 0.1
+/* A running read precision is a decayed count (one sample per uncached
+ * prediction: each weighs MP_KEEP times the one after it, ~20 samples of
+ * memory) over a prior of MP_PRIOR_USED used in MP_PRIOR_N: 0.33, below the
+ * default threshold, so nothing is read until a bucket's shadow scoring has
+ * shown it pays (2 of 2 used: 0.71). Starting optimistic read every rank
+ * during the first steps, those of a cold cache with the most misses, and
+ * cost the demo model 5 % over 128 tokens. */
+#define MP_KEEP 0.95
+#define MP_PRIOR_USED 0.5
+#define MP_PRIOR_N 1.5
 
+/* Read precision: of the predictions that were not cached when made (the only
+ * ones a read-ahead can be spent on), the share the layer then used. Measured
+ * on the demo model it is far below recall (0.07-0.20 against 0.6: what the
+ * router gets right the cache mostly holds already) and depends on the rank of
+ * the prediction in the router's top-k (0.84 for layer 3's first choice, 0.15
+ * for its fourth), so it is kept per layer and per rank, plus one bucket for
+ * the previous step's set, and scored for both predictors on every step. */
 typedef struct pf_layer {
     uint8_t *router;   /* [E] the router lookahead's set this step */
+    uint8_t *rank;     /* [E] its best top-k rank in any row (valid where router[e]) */
     uint8_t *prev;     /* [E] the set the layer used in the previous step */
     uint8_t *issued;   /* [E] what was handed out to read this step */
+    uint8_t *miss;     /* [E] 1 + bucket of an uncached prediction this step, 0: none */
+    double *mused, *mn; /* [K + 1] decayed used / uncached predictions per rank; [K]: prev */
     bool have_router, have_prev, have_issued;
     df_pf_layer_stats st;
 } pf_layer;
 
-/* The time gate: PROBE_ROUNDS rounds of PHASE timed steps on, then off. */
-#define PHASE 8
-#define PROBE_ROUNDS 2
+/* The time gate: PROBE_STEPS timed steps, prefetch on and off in the order
+ * on off off on, on off off on, ... A trend in step time (a cache that is still
+ * warming: the steps get faster by the token) then falls on both arms alike;
+ * session 6's gate timed phases of 8 steps on, then 8 off, and on the warming
+ * demo model measured prefetch 1.5-1.8x faster where it was slower. A step's
+ * reads ahead are its own (the store drops what is left of them at its end),
+ * so no step is left untimed. */
+#define PROBE_STEPS 32
 #define HOLD_STEPS 128
 #define HOLD_MAX 4096
 #define WIN 0.97 /* prefetch must make steps at least 3% faster */
@@ -31,18 +57,18 @@ typedef struct pf_layer {
 enum { G_PROBE, G_HOLD_ON, G_HOLD_OFF };
 
 struct df_prefetcher {
-    int L, E, depth;
+    int L, E, K, depth;
     df_pf_mode mode;
-    double min_recall;
+    double min_recall, min_precision;
     pf_layer *layers;
     /* time gate */
     int g_state;
     bool g_on;                          /* this step reads predictions */
-    int g_left;                         /* steps left in the phase or hold */
-    int g_phase;                        /* probe phases done */
-    bool g_skip;                        /* the first step of a phase is not timed */
-    double on_t[PHASE * PROBE_ROUNDS], off_t[PHASE * PROBE_ROUNDS];
-    int n_on, n_off;
+    int g_left;                         /* steps left in the hold */
+    int g_i;                            /* probe steps timed */
+    double t[PROBE_STEPS];              /* their times, */
+    int m[PROBE_STEPS];                 /* the cache misses they had, */
+    bool on[PROBE_STEPS];               /* and whether they read ahead */
     int hold_off;                       /* the next losing hold, in steps */
     double speedup;
 };
@@ -66,27 +92,36 @@ static df_pf_choice initial_choice(df_pf_mode m) {
     return m == DF_PF_PREV ? DF_PF_USE_PREV : m == DF_PF_OFF ? DF_PF_NONE : DF_PF_USE_ROUTER;
 }
 
-df_prefetcher *df_pf_new(int n_layers, int n_experts, df_pf_mode mode, int depth, double min_recall) {
+df_prefetcher *df_pf_new(int n_layers, int n_experts, int top_k, df_pf_mode mode, int depth,
+                         double min_recall, double min_precision) {
     df_prefetcher *p = df_xcalloc(1, sizeof *p);
     p->L = n_layers;
     p->E = n_experts;
+    p->K = top_k < 1 ? 1 : top_k > 254 ? 254 : top_k;
     p->mode = mode;
     p->depth = depth < 1 ? 1 : depth;
     p->min_recall = min_recall;
+    p->min_precision = min_precision;
     p->layers = df_xcalloc((size_t)n_layers, sizeof(pf_layer));
     for (int l = 0; l < n_layers; l++) {
         pf_layer *y = &p->layers[l];
         y->router = df_xcalloc((size_t)n_experts, 1);
+        y->rank = df_xcalloc((size_t)n_experts, 1);
         y->prev = df_xcalloc((size_t)n_experts, 1);
         y->issued = df_xcalloc((size_t)n_experts, 1);
+        y->miss = df_xcalloc((size_t)n_experts, 1);
+        y->mused = df_xcalloc((size_t)p->K + 1, sizeof(double));
+        y->mn = df_xcalloc((size_t)p->K + 1, sizeof(double));
+        for (int r = 0; r <= p->K; r++) {
+            y->mused[r] = MP_PRIOR_USED;
+            y->mn[r] = MP_PRIOR_N;
+        }
         y->st.choice = initial_choice(mode);
         y->st.recall_router = 1.0;
         y->st.recall_prev = 0.0;
     }
     p->g_state = G_PROBE;
     p->g_on = true;
-    p->g_left = PHASE;
-    p->g_skip = true;
     p->hold_off = HOLD_STEPS;
     return p;
 }
@@ -95,8 +130,12 @@ void df_pf_free(df_prefetcher *p) {
     if (!p) return;
     for (int l = 0; l < p->L; l++) {
         free(p->layers[l].router);
+        free(p->layers[l].rank);
         free(p->layers[l].prev);
         free(p->layers[l].issued);
+        free(p->layers[l].miss);
+        free(p->layers[l].mused);
+        free(p->layers[l].mn);
     }
     free(p->layers);
     free(p);
@@ -105,6 +144,13 @@ void df_pf_free(df_prefetcher *p) {
 df_pf_mode df_pf_get_mode(const df_prefetcher *p) { return p->mode; }
 int df_pf_depth(const df_prefetcher *p) { return p->depth; }
 
+static double read_precision(const pf_layer *y, int bucket) { return y->mused[bucket] / y->mn[bucket]; }
+
+static void score(pf_layer *y, int bucket, bool used) {
+    y->mused[bucket] = MP_KEEP * y->mused[bucket] + (used ? 1.0 : 0.0);
+    y->mn[bucket] = MP_KEEP * y->mn[bucket] + 1.0;
+}
+
 static int set_to_list(const uint8_t *set, int E, int *out) {
     int n = 0;
     for (int e = 0; e < E; e++)
@@ -112,19 +158,41 @@ static int set_to_list(const uint8_t *set, int E, int *out) {
     return n;
 }
 
-int df_pf_predict(df_prefetcher *p, int layer, const int *sel, int n_sel, int *out) {
+int df_pf_predict(df_prefetcher *p, int layer, const int *sel, int n_sel, const uint8_t *cached,
+                  int *out) {
     pf_layer *y = &p->layers[layer];
-    memset(y->router, 0, (size_t)p->E);
-    for (int i = 0; i < n_sel; i++)
-        if (sel[i] >= 0 && sel[i] < p->E) y->router[sel[i]] = 1;
+    int E = p->E, K = p->K;
+    memset(y->router, 0, (size_t)E);
+    for (int i = 0; i < n_sel; i++) {
+        int e = sel[i];
+        if (e < 0 || e >= E) continue;
+        int r = i % K;
+        if (!y->router[e] || r < y->rank[e]) y->rank[e] = (uint8_t)r;
+        y->router[e] = 1;
+    }
     y->have_router = true;
+    /* Both predictors' uncached predictions are scored at observe time. */
+    for (int e = 0; e < E; e++) {
+        bool unc = !cached || !cached[e];
+        y->miss[e] = 0;
+        if (unc && y->router[e]) y->miss[e] = (uint8_t)(1 + y->rank[e]);
+        else if (unc && y->have_prev && y->prev[e]) y->miss[e] = (uint8_t)(1 + K);
+    }
     const uint8_t *use = NULL;
-    if (y->st.choice == DF_PF_USE_ROUTER) use = y->router;
+    bool by_rank = y->st.choice == DF_PF_USE_ROUTER;
+    if (by_rank) use = y->router;
     else if (y->st.choice == DF_PF_USE_PREV && y->have_prev) use = y->prev;
     y->have_issued = use != NULL;
     if (!use) return 0;
-    memcpy(y->issued, use, (size_t)p->E);
-    return set_to_list(use, p->E, out);
+    memcpy(y->issued, use, (size_t)E);
+    if (p->mode != DF_PF_GATED) return set_to_list(use, E, out);
+    /* Gated: only the uncached predictions whose bucket's reads have paid. */
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        if (!use[e] || (cached && cached[e])) continue;
+        if (read_precision(y, by_rank ? y->rank[e] : K) >= p->min_precision) out[n++] = e;
+    }
+    return n;
 }
 
 /* |set ∩ actual| / |actual| */
@@ -164,6 +232,16 @@ void df_pf_observe(df_prefetcher *p, int layer, const int *experts, int n) {
         }
         y->st.actual += (uint64_t)n;
     }
+    /* A router prediction scores its rank's bucket; one that only the previous
+     * step made scores the prev bucket (and a router one also counts for prev
+     * when both made it, so prev's bucket sees all of its own predictions). */
+    for (int e = 0; e < E; e++) {
+        if (!y->miss[e]) continue;
+        int b = y->miss[e] - 1;
+        score(y, b, actual[e]);
+        if (b < p->K && y->have_prev && y->prev[e]) score(y, p->K, actual[e]);
+        y->miss[e] = 0;
+    }
     y->st.steps++;
     y->st.choice = gate(p, &y->st);
     memcpy(y->prev, actual, (size_t)E);
@@ -171,49 +249,68 @@ void df_pf_observe(df_prefetcher *p, int layer, const int *experts, int n) {
     y->have_router = y->have_issued = false;
 }
 
-void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out) { *out = p->layers[layer].st; }
+void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out) {
+    const pf_layer *y = &p->layers[layer];
+    *out = y->st;
+    out->precision_first = read_precision(y, 0);
+    out->precision_prev = read_precision(y, p->K);
+    out->ranks_read = 0;
+    for (int r = 0; r < p->K; r++) out->ranks_read += read_precision(y, r) >= p->min_precision;
+}
 
 /* ---- the time gate ------------------------------------------------------------------ */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+/* A step's time is mostly its misses (on the demo model, teacher-forced with
+ * random tokens, 0.3 ms for a step that hits everything, 5 ms for one that
+ * misses 15 of 16 experts), which vary far more from step to step than
+ * prefetch can change them. So the arms are compared at equal misses: the
+ * mean time of each arm, adjusted by the within-arm slope of time on misses
+ * to the misses of all probe steps (analysis of covariance). The policy sees
+ * the same accesses with prefetch on or off, so a step's misses do not depend
+ * on its arm. */
+static void adjusted_means(const df_prefetcher *p, double *on, double *off) {
+    double st[2] = {0}, sm[2] = {0}, n[2] = {0};
+    for (int i = 0; i < PROBE_STEPS; i++) {
+        st[p->on[i]] += p->t[i];
+        sm[p->on[i]] += p->m[i];
+        n[p->on[i]] += 1;
+    }
+    double mt[2], mm[2], mall = (sm[0] + sm[1]) / PROBE_STEPS, sxy = 0, sxx = 0;
+    for (int a = 0; a < 2; a++) {
+        mt[a] = n[a] ? st[a] / n[a] : 0;
+        mm[a] = n[a] ? sm[a] / n[a] : 0;
+    }
+    for (int i = 0; i < PROBE_STEPS; i++) {
+        double dx = p->m[i] - mm[p->on[i]];
+        sxy += dx * (p->t[i] - mt[p->on[i]]);
+        sxx += dx * dx;
+    }
+    double slope = sxx > 0 ? sxy / sxx : 0;
+    *on = mt[1] - slope * (mm[1] - mall);
+    *off = mt[0] - slope * (mm[0] - mall);
 }
 
 static void start_probe(df_prefetcher *p) {
     p->g_state = G_PROBE;
     p->g_on = true;
-    p->g_left = PHASE;
-    p->g_phase = 0;
-    p->g_skip = true;
-    p->n_on = p->n_off = 0;
+    p->g_i = 0;
 }
 
-void df_pf_step(df_prefetcher *p, double seconds, int rows) {
+void df_pf_step(df_prefetcher *p, double seconds, int rows, int misses) {
     if (p->mode != DF_PF_GATED || rows != 1) return;
     if (p->g_state != G_PROBE) {
         if (--p->g_left <= 0) start_probe(p);
         return;
     }
-    if (p->g_skip) { /* its reads were started under the previous phase */
-        p->g_skip = false;
+    p->t[p->g_i] = seconds;
+    p->m[p->g_i] = misses;
+    p->on[p->g_i] = p->g_on;
+    if (++p->g_i < PROBE_STEPS) {
+        p->g_on = (p->g_i + 1) / 2 % 2 == 0; /* on off off on on off off on ... */
         return;
     }
-    if (p->g_on) p->on_t[p->n_on++] = seconds;
-    else p->off_t[p->n_off++] = seconds;
-    if (--p->g_left > 0) return;
-    if (++p->g_phase < 2 * PROBE_ROUNDS) { /* next phase: the other arm */
-        p->g_on = !p->g_on;
-        p->g_left = PHASE;
-        p->g_skip = true;
-        return;
-    }
-    double on = median(p->on_t, p->n_on), off = median(p->off_t, p->n_off);
+    double on, off;
+    adjusted_means(p, &on, &off);
     p->speedup = on > 0 ? off / on : 0;
     if (on < off * WIN) {
         p->g_state = G_HOLD_ON;

@@ -13,10 +13,11 @@
  *
  * Recall says a prediction is right, not that reading it early pays: when the
  * disk is already busy, right guesses hide nothing and wrong ones cost reads.
- * So gated mode also measures time: on single-row steps it alternates short
- * phases with prefetch on and off, compares the median step times, and holds
- * the winner for a while before probing again (longer after each loss). The
- * object owns only this bookkeeping: the store (store.h) owns slots and I/O.
+ * So gated mode also measures time: on single-row steps it alternates
+ * prefetch on and off step by step, compares the step times at equal cache
+ * misses, and holds the winner for a while before probing again (longer after
+ * each loss). The object owns only this bookkeeping: the store (store.h) owns
+ * slots and I/O.
  */
 #ifndef DF_EXPERTS_PREFETCH_H
 #define DF_EXPERTS_PREFETCH_H
@@ -37,6 +38,11 @@ typedef enum df_pf_choice { DF_PF_NONE = 0, DF_PF_USE_ROUTER, DF_PF_USE_PREV } d
 typedef struct df_pf_layer_stats {
     df_pf_choice choice;
     double recall_router, recall_prev; /* running, decayed */
+    /* Running read precision (uncached predictions the layer used): the router's
+     * first choice, the previous step's set; and how many of the router's top-k
+     * ranks the gate reads now. */
+    double precision_first, precision_prev;
+    int ranks_read;
     uint64_t steps;                    /* steps this layer was observed */
     /* Totals over the steps where a prediction was issued: experts predicted,
      * how many of them the layer then used, and how many it used in all. */
@@ -50,18 +56,24 @@ int df_pf_mode_from_name(const char *name);
 const char *df_pf_mode_name(df_pf_mode m);
 const char *df_pf_choice_name(df_pf_choice c);
 
-/* n_layers: MoE layers; depth: how many MoE layers ahead the router lookahead
- * runs (>= 1); min_recall: the gate's threshold in [0, 1]. */
-df_prefetcher *df_pf_new(int n_layers, int n_experts, df_pf_mode mode, int depth, double min_recall);
+/* n_layers: MoE layers; top_k: experts per row; depth: how many MoE layers
+ * ahead the router lookahead runs (>= 1); min_recall: the gate's recall
+ * threshold in [0, 1]; min_precision: the read precision a rank needs. */
+df_prefetcher *df_pf_new(int n_layers, int n_experts, int top_k, df_pf_mode mode, int depth,
+                         double min_recall, double min_precision);
 void df_pf_free(df_prefetcher *p);
 df_pf_mode df_pf_get_mode(const df_prefetcher *p);
 int df_pf_depth(const df_prefetcher *p);
 
 /* The router lookahead's experts for MoE layer `layer` in the current step (the
- * rows' top-k, flattened, duplicates allowed). Returns how many experts to read
- * ahead, written to out[] (distinct, at most n_experts): the router's set, the
- * previous step's set, or none, as the layer's choice says. */
-int df_pf_predict(df_prefetcher *p, int layer, const int *sel, int n_sel, int *out);
+ * rows' top-k in rank order, flattened, duplicates allowed); cached[e] != 0
+ * where expert e is already in memory or on its way (NULL: none is). Returns
+ * how many experts to read ahead, written to out[] (distinct, ascending): the
+ * router's set, the previous step's set, or none, as the layer's choice says;
+ * in gated mode only its uncached members whose rank (or the prev bucket) has
+ * a running read precision of at least min_precision. */
+int df_pf_predict(df_prefetcher *p, int layer, const int *sel, int n_sel, const uint8_t *cached,
+                  int *out);
 
 /* The experts MoE layer `layer` actually uses in the current step (distinct).
  * Scores both predictors, updates the layer's choice and remembers the set as
@@ -71,8 +83,8 @@ void df_pf_observe(df_prefetcher *p, int layer, const int *experts, int n);
 void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out);
 
 /* A forward step of `rows` rows took `seconds` (from the end of the previous
- * one). Only single-row steps are timed. */
-void df_pf_step(df_prefetcher *p, double seconds, int rows);
+ * one) and missed the cache `misses` times. Only single-row steps are timed. */
+void df_pf_step(df_prefetcher *p, double seconds, int rows, int misses);
 /* Whether this step reads predictions (the time gate; forced modes: always). */
 bool df_pf_active(const df_prefetcher *p);
 /* "probing", "on", "off", or "forced"; and the last probe's measured speed-up

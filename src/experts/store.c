@@ -130,7 +130,9 @@ struct df_store {
     int *queue;         /* want indices without a slot yet */
     int n_queue;
     int *pred;          /* scratch: a layer's predicted experts */
+    uint8_t *pred_cached; /* scratch: [E] which of a layer's experts need no read */
     double last_step_t; /* when the previous forward step ended (the time gate) */
+    uint64_t last_step_misses; /* st.misses then */
     int last_slot;      /* handed out by the previous df_store_next */
     int st_pinned;      /* experts read in at start-up (pinned tier) */
     /* Fault injection for tests (DF_TEST_IO_FAULTS=short,eintr): completions
@@ -365,6 +367,9 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
         return df_fail(err, DF_ERR_ARG, "prefetch depth %d out of range 1..8", o->prefetch_depth);
     double min_recall = o->prefetch_min_recall < 0 ? 0.5 : o->prefetch_min_recall;
     if (min_recall > 1) return df_fail(err, DF_ERR_ARG, "prefetch minimum recall %g is above 1", min_recall);
+    double min_precision = o->prefetch_min_precision < 0 ? 0.5 : o->prefetch_min_precision;
+    if (min_precision > 1)
+        return df_fail(err, DF_ERR_ARG, "prefetch minimum precision %g is above 1", min_precision);
     df_store *s = df_xcalloc(1, sizeof *s);
     s->m = m;
     s->L = c->num_hidden_layers;
@@ -398,8 +403,8 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     int n_moe = 0;
     for (int li = 0; li < s->L; li++) n_moe += m->layers[li].is_moe;
     if (pf_mode != DF_PF_OFF)
-        s->pf = df_pf_new(n_moe, s->E, (df_pf_mode)pf_mode, o->prefetch_depth ? o->prefetch_depth : 1,
-                          min_recall);
+        s->pf = df_pf_new(n_moe, s->E, c->num_experts_per_tok, (df_pf_mode)pf_mode,
+                          o->prefetch_depth ? o->prefetch_depth : 1, min_recall, min_precision);
     if (s->n_slots > n_moe * s->E + n_transient(s)) s->n_slots = n_moe * s->E + n_transient(s);
     s->arena_bytes = s->slot_bytes * (size_t)s->n_slots;
     s->arena = mmap(NULL, s->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -437,6 +442,7 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->handed = df_xcalloc((size_t)s->E, sizeof(bool));
     s->queue = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->pred = df_xmalloc(sizeof(int) * (size_t)s->E);
+    s->pred_cached = df_xmalloc((size_t)s->E);
     if (o->sim_disk_bps > 0) {
         s->sim_bps = o->sim_disk_bps;
         s->held = df_xmalloc(sizeof(held_cqe) * (size_t)s->n_slots * MAX_OPS);
@@ -497,6 +503,7 @@ void df_store_close(df_store *s) {
     free(s->handed);
     free(s->queue);
     free(s->pred);
+    free(s->pred_cached);
     free(s->held);
     free(s);
 }
@@ -900,8 +907,10 @@ void df_store_end_layer(df_store *s) {
 void df_store_end_step(df_store *s, int rows) {
     if (s->cache) df_cache_token_end(s->cache);
     double now = df_now();
-    if (s->pf && s->last_step_t > 0) df_pf_step(s->pf, now - s->last_step_t, rows);
+    if (s->pf && s->last_step_t > 0)
+        df_pf_step(s->pf, now - s->last_step_t, rows, (int)(s->st.misses - s->last_step_misses));
     s->last_step_t = now;
+    s->last_step_misses = s->st.misses;
     /* predictions for layers the step never reached (an error stopped it) */
     if (s->pf)
         for (int p = 0; p < s->n_pool; p++)
@@ -937,7 +946,8 @@ void df_store_prefetch_layer(const df_store *s, int moe_layer, struct df_pf_laye
 
 void df_store_predict(df_store *s, int layer, const int *sel, int n_sel) {
     if (!s->pf || s->failed || s->moe_index[layer] < 0) return;
-    int n = df_pf_predict(s->pf, s->moe_index[layer], sel, n_sel, s->pred);
+    for (int e = 0; e < s->E; e++) s->pred_cached[e] = s->key_slot[layer * s->E + e] >= 0;
+    int n = df_pf_predict(s->pf, s->moe_index[layer], sel, n_sel, s->pred_cached, s->pred);
     if (!df_pf_active(s->pf)) return; /* scored, not read: the time gate says it does not pay */
     if (s->n_queue) { /* the current layer still waits for slots: it comes first */
         s->st.prefetch_no_room += (uint64_t)n;

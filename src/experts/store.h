@@ -27,6 +27,7 @@ typedef struct df_store_opts {
     const char *prefetch;         /* "on": gated; NULL/"off", "router", "prev" (prefetch.h) */
     int prefetch_depth;           /* MoE layers ahead of the router lookahead; 0 = 1 */
     double prefetch_min_recall;   /* the gate's threshold; < 0 = default 0.5 */
+    double prefetch_min_precision; /* read precision a rank needs; < 0 = default 0.5 */
     double sim_disk_bps;          /* benchmarks: hand reads over no earlier than a disk
                                      of this many bytes/s would (store.c); 0: off. Only
                                      with pack_dirs (df_engine_open refuses it otherwise:
