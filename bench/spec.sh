@@ -13,6 +13,8 @@
 # OTHER (another deltafin binary, e.g. an older build: each drafter arm also runs
 # with it, as `lookup-other`, `draft-other`, interleaved with the rest).
 # Greedy decoding; every arm's output is checked to equal plain decoding's.
+# Every run starts from the packs' heat files as they were when the script
+# started (each run rewrites them), and the script leaves them so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build}
@@ -62,12 +64,24 @@ arm_opts() {
 
 say() { echo "$*" | tee -a "$LOG"; }
 : >"$LOG"
+PACKS=()
+IFS=, read -r -a PACKS <<<"${EXPERTS:-}"
+for i in "${!PACKS[@]}"; do
+    [ -f "${PACKS[$i]}/experts.heat" ] && cp "${PACKS[$i]}/experts.heat" "$TMP/heat-$i"
+done
+reset_heat() {
+    for i in "${!PACKS[@]}"; do
+        if [ -f "$TMP/heat-$i" ]; then cp "$TMP/heat-$i" "${PACKS[$i]}/experts.heat"; else rm -f "${PACKS[$i]}/experts.heat"; fi
+    done
+}
+trap 'reset_heat; rm -rf "$TMP"' EXIT
 say "# speculative decoding, $(date -u +%FT%TZ)"
 say "target $TARGET${DRAFT:+, draft $DRAFT}${OTHER:+; -other arms: $OTHER}; max-new $MAX_NEW; reps $REPS; ${EXPERTS:+experts $EXPERTS cache ${CACHE:-budget ${BUDGET:-}}}"
 say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 for r in $(seq "$REPS"); do
     for pi in "${!PROMPTS[@]}"; do
         for a in "${ARMS[@]}"; do
+            reset_heat
             # shellcheck disable=SC2046
             "$(arm_bin "$a")" run "${common[@]}" --prompt "${PROMPTS[$pi]}" $(arm_opts "$a") \
                 --events "$TMP/$pi-$a-$r.jsonl" >"$TMP/$pi-$a-$r.ids" 2>"$TMP/$pi-$a-$r.err" ||

@@ -32,6 +32,7 @@ typedef struct spec_gate {
     int probe_passes;  /* verify passes in the current probe */
     double probe_s;    /* their wall time, catch-up included */
     int probe_tokens;  /* tokens they produced */
+    int left;          /* tokens still wanted, as of the last gate_depth */
     uint64_t switched_off, probes_declined, explored;
 } spec_gate;
 
