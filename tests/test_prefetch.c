@@ -188,10 +188,12 @@ static void test_time_gate(void **state) {
     assert_true(steps <= 40);
     assert_string_equal(df_pf_gate_state(p), "off");
     assert_false(df_pf_active(p));
+    assert_false(df_pf_wanted(p)); /* no lookahead computed while held off */
     assert_true(df_pf_gate_speedup(p) < 0.9);
     /* after the hold it probes again; now prefetch is faster and is kept */
     for (int i = 0; i < 200 && strcmp(df_pf_gate_state(p), "off") == 0; i++) df_pf_step(p, 0.010, 1, 0);
     assert_string_equal(df_pf_gate_state(p), "probing");
+    assert_true(df_pf_wanted(p));
     for (int i = 0; i < 100 && strcmp(df_pf_gate_state(p), "probing") == 0; i++)
         df_pf_step(p, df_pf_active(p) ? 0.008 : 0.010, 1, 0);
     assert_string_equal(df_pf_gate_state(p), "on");

@@ -327,6 +327,8 @@ void df_pf_step(df_prefetcher *p, double seconds, int rows, int misses) {
 
 bool df_pf_active(const df_prefetcher *p) { return p->mode != DF_PF_GATED || p->g_on; }
 
+bool df_pf_wanted(const df_prefetcher *p) { return p->mode != DF_PF_GATED || p->g_state != G_HOLD_OFF; }
+
 const char *df_pf_gate_state(const df_prefetcher *p) {
     if (p->mode != DF_PF_GATED) return "forced";
     return p->g_state == G_PROBE ? "probing" : p->g_state == G_HOLD_ON ? "on" : "off";

@@ -2,7 +2,8 @@
  * prefetch.h - which experts to read ahead of need, and whether to read any.
  *
  * Two predictors are scored on every MoE layer of every step, whichever one is
- * in use (shadow evaluation, so a layer that was switched off can come back):
+ * in use (shadow evaluation, so a layer that was switched off can come back;
+ * the router only while the time gate below does not hold prefetch off):
  *   router  layer L's post-attention norm and router applied to the residual
  *           stream as it stands `depth` MoE layers earlier (the forward pass
  *           computes it and hands in the top-k of each row);
@@ -87,6 +88,11 @@ void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out);
 void df_pf_step(df_prefetcher *p, double seconds, int rows, int misses);
 /* Whether this step reads predictions (the time gate; forced modes: always). */
 bool df_pf_active(const df_prefetcher *p);
+/* Whether this step needs the router lookahead at all: not while the time gate
+ * holds prefetch off (its cost, one small product and a pool dispatch per MoE
+ * layer, was 2-3 % of a demo-model step); the previous step's set is scored
+ * all the same. */
+bool df_pf_wanted(const df_prefetcher *p);
 /* "probing", "on", "off", or "forced"; and the last probe's measured speed-up
  * (median step time without / with prefetch; 0 before the first probe). */
 const char *df_pf_gate_state(const df_prefetcher *p);
