@@ -129,16 +129,8 @@ static void parse(opts *o, int argc, char **argv, const char *allowed) {
         else if (!strcmp(a, "--policy")) o->policy = v;
         else if (!strcmp(a, "--prefetch")) o->prefetch = v;
         else if (!strcmp(a, "--prefetch-depth")) o->prefetch_depth = (int)cli_long(a, v, 1, 8);
-        else if (!strcmp(a, "--prefetch-min-recall")) {
-            o->prefetch_min_recall = cli_float(a, v);
-            if (o->prefetch_min_recall <= 0 || o->prefetch_min_recall > 1)
-                cli_die("--prefetch-min-recall expects a number in (0, 1], got '%s'", v);
-        }
-        else if (!strcmp(a, "--prefetch-min-precision")) {
-            o->prefetch_min_precision = cli_float(a, v);
-            if (o->prefetch_min_precision <= 0 || o->prefetch_min_precision > 1)
-                cli_die("--prefetch-min-precision expects a number in (0, 1], got '%s'", v);
-        }
+        else if (!strcmp(a, "--prefetch-min-recall")) o->prefetch_min_recall = cli_share(a, v);
+        else if (!strcmp(a, "--prefetch-min-precision")) o->prefetch_min_precision = cli_share(a, v);
         else if (!strcmp(a, "--replay-routing")) o->replay = v;
         else if (!strcmp(a, "--random-prompt")) o->random_prompt = (int)cli_long(a, v, 1, 1 << 24);
         else if (!strcmp(a, "--prompt-seed")) o->prompt_seed = cli_long(a, v, 0, LONG_MAX);

@@ -105,6 +105,11 @@ MOE=$MODELS/engine-moe
 expect_error prefetch-bad-mode "unknown prefetch mode 'sometimes'" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --ram-budget 400M --prefetch sometimes
 expect_error prefetch-bad-depth "--prefetch-depth expects an integer in 1..8" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-depth 0
 expect_error prefetch-bad-recall "--prefetch-min-recall expects a number in" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-recall 1.5
+expect_error prefetch-bad-precision "--prefetch-min-precision expects a number in" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-precision 0
+if "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
+       --prefetch on --prefetch-min-precision 0.2 --stats --events "$T/ev" >"$T/out" 2>"$T/err" \
+   && grep -q "read precision: first  prev  ranks read" "$T/err" \
+   && grep -q '"read_precision_first":' "$T/ev"; then ok prefetch-precision-stats; else bad prefetch-precision-stats "$(tail -5 "$T/err")"; fi
 if "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
        --prefetch router --prefetch-depth 1 --stats --events "$T/ev" >"$T/out" 2>"$T/err" \
    && grep -q "^prefetch: router, depth 1" "$T/err" && grep -qE "^ +2 +router" "$T/err" \

@@ -47,6 +47,12 @@ float cli_float(const char *flag, const char *v) {
     return x;
 }
 
+float cli_share(const char *flag, const char *v) {
+    float x = cli_float(flag, v);
+    if (x <= 0 || x > 1) cli_die("%s expects a number in (0, 1], got '%s'", flag, v);
+    return x;
+}
+
 int cli_reserve_draft(df_engine_opts *eo, const char *draft, int draft_k, char *what, size_t what_size,
                       df_error *err) {
     if (!draft || !eo->ram_budget) return DF_OK;

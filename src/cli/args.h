@@ -23,6 +23,8 @@ long cli_long(const char *flag, const char *v, long lo, long hi);
 uint64_t cli_size(const char *flag, const char *v);
 /* a finite number */
 float cli_float(const char *flag, const char *v);
+/* a number in (0, 1] */
+float cli_share(const char *flag, const char *v);
 
 /* A RAM budget holds the draft model too: with eo->ram_budget set and a
  * drafter, sets eo->reserve_bytes to the draft's weights, KV cache and

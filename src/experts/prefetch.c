@@ -7,7 +7,6 @@
 
 #include "util/util.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +29,8 @@
  * router gets right the cache mostly holds already) and depends on the rank of
  * the prediction in the router's top-k (0.84 for layer 3's first choice, 0.15
  * for its fourth), so it is kept per layer and per rank, plus one bucket for
- * the previous step's set, and scored for both predictors on every step. */
+ * the previous step's set, and scored for both predictors on every step on
+ * which the router lookahead runs. */
 typedef struct pf_layer {
     uint8_t *router;   /* [E] the router lookahead's set this step */
     uint8_t *rank;     /* [E] its best top-k rank in any row (valid where router[e]) */
