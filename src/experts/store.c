@@ -922,7 +922,8 @@ int df_store_pinned(const df_store *s) { return s->st_pinned; }
 /* ---- read-ahead ---------------------------------------------------------------------- */
 
 double df_store_sim_disk(const df_store *s) { return s->sim_bps; }
-int df_store_prefetch_depth(const df_store *s) { return s->pf && df_pf_wanted(s->pf) ? df_pf_depth(s->pf) : 0; }
+int df_store_prefetch_depth(const df_store *s) { return s->pf ? df_pf_depth(s->pf) : 0; }
+int df_store_lookahead_depth(const df_store *s) { return s->pf && df_pf_wanted(s->pf) ? df_pf_depth(s->pf) : 0; }
 
 const char *df_store_prefetch_mode(const df_store *s) {
     return s->pf ? df_pf_mode_name(df_pf_get_mode(s->pf)) : "off";

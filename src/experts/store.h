@@ -75,6 +75,9 @@ int df_store_pinned(const df_store *s); /* experts read in at start-up */
  * reads go behind every demand read already queued, into free transient slots
  * only: a prediction never evicts a cached expert. */
 int df_store_prefetch_depth(const df_store *s);
+/* ... and how far the forward pass is to look this step: 0 while the time gate
+ * holds prefetch off (nothing would be read, and the lookahead has a cost). */
+int df_store_lookahead_depth(const df_store *s);
 double df_store_sim_disk(const df_store *s); /* bytes/s, 0: the real disk */
 void df_store_predict(df_store *s, int layer, const int *sel, int n_sel);
 const char *df_store_prefetch_mode(const df_store *s);

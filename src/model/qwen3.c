@@ -490,7 +490,7 @@ static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b,
         int rc = df_store_begin_layer(store, li, need, n_need, err);
         if (rc) return rc;
         /* this layer's reads are queued; the one `depth` MoE layers on goes next */
-        int depth = df_store_prefetch_depth(store);
+        int depth = df_store_lookahead_depth(store);
         if (depth) lookahead(m, store, pool, b, moe_after(m, li, depth), T);
         for (;;) {
             int e;
@@ -544,7 +544,7 @@ int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *k
     for (int t = 0; t < T; t++) embed_row(m, tokens[t], b->x + (size_t)t * H);
     /* The first MoE layers have no earlier one to predict them from: their
      * routers run on the embeddings. */
-    int depth = store ? df_store_prefetch_depth(store) : 0;
+    int depth = store ? df_store_lookahead_depth(store) : 0;
     for (int n = 1; n <= depth; n++) lookahead(m, store, pool, b, moe_after(m, -1, n), T);
     for (int li = 0; li < c->num_hidden_layers; li++) {
         attention(m, pool, kv, b, li, T, pos0);
