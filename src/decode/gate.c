@@ -241,10 +241,15 @@ static void forget_costs(spec_gate *g) {
     g->g = G_PRIOR;
 }
 
+/* Plain steps the current probe has cost beyond the tokens it produced. */
+static double probe_lost(const spec_gate *g) {
+    return g->t_plain > 0 ? g->probe_s / g->t_plain - g->probe_tokens : 0.0;
+}
+
 /* Whether the current probe is still given time (PROBE_LONG). */
 static bool patient(const spec_gate *g) {
     if (!g->model || g->a < A_OPTIMISTIC || g->probe_passes >= PROBE_LONG) return false;
-    double lost = g->t_plain > 0 ? g->probe_s / g->t_plain - g->probe_tokens : 0.0;
+    double lost = probe_lost(g);
     return lost <= PATIENCE_LOST && lost <= PROBE_SHARE * (double)g->left;
 }
 
@@ -383,8 +388,7 @@ void gate_verify(spec_gate *g, int drafted, int accepted, double verify_s, doubl
                                   (g->probe_passes >= PROBE_MIN && s_likely < 1.0) ||
                                   (g->probe_passes >= 2 && s_hopeful < 1.0));
     if (s < 1.0 && judged && !explore_depth(g, k, s)) {
-        double wasted = g->t_plain > 0 ? g->probe_s / g->t_plain - g->probe_tokens : 0.0;
-        double off = wasted * PROBE_AMORTIZE;
+        double off = probe_lost(g) * PROBE_AMORTIZE;
         g->off_left = off > g->backoff ? (off < OFF_MAX ? (int)off : OFF_MAX) : g->backoff;
         g->backoff = g->backoff * BACKOFF_MUL > BACKOFF_MAX ? BACKOFF_MAX : g->backoff * BACKOFF_MUL;
         g->switched_off++;
