@@ -44,10 +44,10 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || { echo "need roo
 make -s B="$B" "$B/deltafin" "$B/bench_io"
 [ -f "$M/config.json" ] || { echo "no model at $M (make bench generates it)" >&2; exit 1; }
 [ -f "$PACK/manifest.json" ] || "$B/deltafin" pack --model "$M" --out "$PACK"
-HEAT=$(mktemp)
-if [ -f "$PACK/experts.heat" ]; then cp "$PACK/experts.heat" "$HEAT"; else rm -f "$HEAT"; fi
-reset_heat() { if [ -f "$HEAT" ]; then cp "$HEAT" "$PACK/experts.heat"; else rm -f "$PACK/experts.heat"; fi; }
-trap 'reset_heat; rm -f "$HEAT"' EXIT
+HEAT_TMP=$(mktemp -d)
+. bench/heat.sh
+heat_keep "$HEAT_TMP" "$PACK"
+trap 'heat_reset; rm -rf "$HEAT_TMP"' EXIT
 arm_bin() { case $1 in *-other) echo "${OTHER:?arm $1 needs OTHER=binary}" ;; *) echo "$B/deltafin" ;; esac; }
 EXPERT_BYTES=$("$B/deltafin" inspect --model "$M" | sed -n 's/.*routed experts .*(\([0-9]*\)).*/\1/p')
 NREC=$(/usr/bin/python3 -c "import json; print(len(json.load(open('$PACK/manifest.json'))['records']))" 2>/dev/null || echo 1024)
@@ -70,7 +70,7 @@ for i in $(seq "$REPS"); do
         drop
         BW=$(iobw)
         echo "$arm $BW" >>"$OUT/iobw.txt"
-        reset_heat
+        heat_reset
         drop
         "$(arm_bin "$arm")" run --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P16" \
             --max-new "$NEW" --temp 0 --print-ids --teacher-force 7 --prefetch "${arm%-other}" --io-bw "$BW" \
@@ -83,7 +83,7 @@ done
 [ "${SKIP_PREFILL:-0}" = 1 ] && PREPS=0 || PREPS=$REPS
 for i in $(seq "$PREPS"); do
     for arm in $ARMS; do
-        reset_heat
+        heat_reset
         drop
         "$(arm_bin "$arm")" run --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P512" \
             --max-new 1 --temp 0 --print-ids --prefetch "${arm%-other}" --events "$OUT/prefill-$arm-$i.jsonl" \

@@ -66,22 +66,16 @@ say() { echo "$*" | tee -a "$LOG"; }
 : >"$LOG"
 PACKS=()
 IFS=, read -r -a PACKS <<<"${EXPERTS:-}"
-for i in "${!PACKS[@]}"; do
-    [ -f "${PACKS[$i]}/experts.heat" ] && cp "${PACKS[$i]}/experts.heat" "$TMP/heat-$i"
-done
-reset_heat() {
-    for i in "${!PACKS[@]}"; do
-        if [ -f "$TMP/heat-$i" ]; then cp "$TMP/heat-$i" "${PACKS[$i]}/experts.heat"; else rm -f "${PACKS[$i]}/experts.heat"; fi
-    done
-}
-trap 'reset_heat; rm -rf "$TMP"' EXIT
+. bench/heat.sh
+heat_keep "$TMP" "${PACKS[@]}"
+trap 'heat_reset; rm -rf "$TMP"' EXIT
 say "# speculative decoding, $(date -u +%FT%TZ)"
 say "target $TARGET${DRAFT:+, draft $DRAFT}${OTHER:+; -other arms: $OTHER}; max-new $MAX_NEW; reps $REPS; ${EXPERTS:+experts $EXPERTS cache ${CACHE:-budget ${BUDGET:-}}}"
 say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 for r in $(seq "$REPS"); do
     for pi in "${!PROMPTS[@]}"; do
         for a in "${ARMS[@]}"; do
-            reset_heat
+            heat_reset
             # shellcheck disable=SC2046
             "$(arm_bin "$a")" run "${common[@]}" --prompt "${PROMPTS[$pi]}" $(arm_opts "$a") \
                 --events "$TMP/$pi-$a-$r.jsonl" >"$TMP/$pi-$a-$r.ids" 2>"$TMP/$pi-$a-$r.err" ||
