@@ -114,6 +114,9 @@ static void test_trace_rejects_malformed(void **st) {
          "bad:3: header 'moe_layers' given twice"},
         {"# moe-routing-trace v1\n# moe_layers: 2 experts_per_layer: 4 top_k: 5\n0,1 2,3\n",
          "bad:3: header top_k = 5 exceeds experts_per_layer = 4"},
+        /* the same header with no token line (found by fuzz_trace) */
+        {"# moe-routing-trace v1\n# moe_layers: 2 experts_per_layer: 4 top_k: 5\n",
+         "bad: header top_k = 5 exceeds experts_per_layer = 4"},
         {HDR "0,1 2,3\n0,1\n", "bad:5: 1 fields, expected 2"},
         {HDR "0,1 2,3\n0,1 2,3 1,2\n", "bad:5: more than 2 fields"},
         {HDR "0,1 2,3\n\n0,1 2,4\n", "bad:6: field 2 (MoE layer 1): expert id '4' out of range"},
@@ -195,6 +198,19 @@ static void test_trace_roundtrip_and_writer(void **st) {
     assert_string_equal(t.model, "my model");
     assert_int_equal(df_trace_at(&t, 2, 1)[0], 3);
     df_trace_free(&t);
+
+    /* A model name read with control characters (a terminal escape, a bare CR)
+     * holds them as spaces, trimmed, as the writer would write it, so that it
+     * prints safely and a trace written back reads the same (found by fuzz_trace). */
+    static const char ctl[] = "# moe-routing-trace v1\n# model: \x01 tiny\x1b[0m\rx\x7f \x02\n"
+                              "# moe_layers: 2  experts_per_layer: 4  top_k: 2\n0,1 2,3\n";
+    assert_int_equal(df_trace_parse(&a, ctl, sizeof ctl - 1, "ctl", &err), DF_OK);
+    assert_string_equal(a.model, "tiny [0m x");
+    assert_int_equal(df_trace_write_file(&a, tmp("ctl.trace"), &err), DF_OK);
+    assert_int_equal(df_trace_load(&b, tmp("ctl.trace"), &err), DF_OK);
+    assert_string_equal(b.model, a.model);
+    df_trace_free(&a);
+    df_trace_free(&b);
 
     assert_int_equal(df_trace_writer_open(&w, tmp("x.trace"), NULL, 2, 0, 4, 5, &err),
                      DF_ERR_ARG);

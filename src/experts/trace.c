@@ -77,8 +77,15 @@ static int parse_header_comment(const pctx *c, df_trace *t, const char *s, const
         while (e > p && is_sp(e[-1])) e--;
         size_t len = (size_t)(e - p);
         if (len >= sizeof t->model) len = sizeof t->model - 1;
-        memcpy(t->model, p, len);
-        t->model[len] = 0;
+        /* Control characters become spaces, as the writer writes them: the name
+         * is printed to terminals, and a trace written back reads the same. */
+        size_t a = 0, b = 0;
+        for (size_t i = 0; i < len; i++) {
+            char ch = ((unsigned char)p[i] < 0x20 || p[i] == 0x7f) ? ' ' : p[i];
+            if (ch != ' ' || b > 0) t->model[b++] = ch; /* leading blanks dropped */
+            if (ch != ' ') a = b;                       /* trailing ones after a */
+        }
+        t->model[a] = 0;
         return DF_OK;
     }
     for (p = s; (n = next_word(&p, end, &w)) > 0;) {
@@ -283,6 +290,11 @@ int df_trace_parse(df_trace *t, const char *text, size_t len, const char *name,
     if (!t->n_layers || !t->n_experts || !t->top_k) {
         rc = df_fail(err, DF_ERR_FORMAT,
                      "%s: header lacks moe_layers, experts_per_layer or top_k", c.name);
+        goto fail;
+    }
+    if (t->top_k > t->n_experts) { /* a trace with no tokens was not checked at its first */
+        rc = df_fail(err, DF_ERR_FORMAT, "%s: header top_k = %d exceeds experts_per_layer = %d",
+                     c.name, t->top_k, t->n_experts);
         goto fail;
     }
     if (grow((void **)&t->seq_start, &seq_cap, (size_t)t->n_seqs + 1, sizeof *t->seq_start)) {
