@@ -2,10 +2,14 @@
  * fuzz_request.c - libFuzzer target for the server's request parser/validator
  * (src/server/request.c). The first byte picks the endpoint (completions or
  * chat), the rest is the body. Accepted requests must satisfy the invariants
- * the worker relies on; rejected ones must name a reason. ASan/UBSan catch the
- * rest (leaks included: every path must free what it parsed).
+ * the worker relies on; rejected ones must name a reason. An accepted chat request
+ * is then rendered through the chat template, as the server does (its content may
+ * hold any <think> and </think> tags): either it renders, holding every message's
+ * role, or it is refused with a message. ASan/UBSan catch the rest (leaks
+ * included: every path must free what it parsed).
  */
 #include "server/request.h"
+#include "tokenizer/chat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +54,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!r.msgs || r.n_msgs < 1) abort();
         for (int i = 0; i < r.n_msgs; i++)
             if (!r.msgs[i].role || !r.msgs[i].content) abort();
+        df_chat_msg *m = calloc((size_t)r.n_msgs, sizeof *m);
+        if (!m) abort();
+        for (int i = 0; i < r.n_msgs; i++) m[i] = (df_chat_msg){r.msgs[i].role, r.msgs[i].content};
+        char *text = NULL;
+        df_error err = {0};
+        int think = r.enable_thinking != 0;
+        int rc = df_chat_render_qwen3(m, r.n_msgs, 1, think, &text, &err);
+        if (rc == DF_OK) {
+            /* every turn but the assistant's (whose reasoning is split off) verbatim,
+             * and the generation prompt last */
+            for (int i = 0; i < r.n_msgs; i++)
+                if (strcmp(m[i].role, "assistant") != 0 && !strstr(text, m[i].content)) abort();
+            const char *tail = think ? "<|im_start|>assistant\n"
+                                     : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+            size_t nt = strlen(text), nl = strlen(tail);
+            if (nt < nl || strcmp(text + nt - nl, tail) != 0) abort();
+        } else if (!err.msg[0] || text) {
+            abort();
+        }
+        free(text);
+        free(m);
     } else if (!r.prompt && (!r.prompt_ids || r.n_prompt_ids == 0)) {
         abort();
     }
