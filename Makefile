@@ -23,7 +23,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 ISA_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
 ISA_AVX2   := -mavx2 -mfma -mf16c
 
-SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer
 
 LIB_SRC  := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
 TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
