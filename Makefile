@@ -65,7 +65,7 @@ $(B)/tests/%: tests/%.c $(B)/libdeltafin-san.a tests/testutil.h
 
 # Fuzz targets: a libFuzzer entry point, driven by tests/fuzz/driver.c (gcc,
 # bounded random mutation under ASan) so no extra toolchain is needed.
-$(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c $(B)/libdeltafin-san.a
+$(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(B)/libdeltafin-san.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $< tests/fuzz/driver.c $(B)/libdeltafin-san.a $(LDLIBS) -o $@
 

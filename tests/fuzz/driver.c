@@ -22,6 +22,8 @@
  * treated the same way (timeout-...). FUZZ_PRINT_OUTCOMES=1 prints each input
  * that adds an outcome (to check that the guidance is not flooded by values).
  */
+#include "fuzz.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -127,6 +129,30 @@ static void run_one(const uint8_t *d, size_t n) {
     cur_data = NULL;
     free(c);
     execs++;
+}
+
+/* ---- scratch files -------------------------------------------------------- */
+
+#define MAX_SCRATCH 8
+static char scratch_dir[32], scratch_path[MAX_SCRATCH][96];
+static int n_scratch;
+
+static void scratch_remove(void) {
+    for (int i = 0; i < n_scratch; i++) unlink(scratch_path[i]);
+    rmdir(scratch_dir);
+}
+
+const char *df_fuzz_scratch(const char *name) {
+    if (!scratch_dir[0]) {
+        snprintf(scratch_dir, sizeof scratch_dir, "/tmp/df_fuzz.XXXXXX");
+        if (!mkdtemp(scratch_dir)) abort();
+        atexit(scratch_remove);
+    }
+    for (int i = 0; i < n_scratch; i++)
+        if (strcmp(strrchr(scratch_path[i], '/') + 1, name) == 0) return scratch_path[i];
+    if (n_scratch == MAX_SCRATCH || strchr(name, '/')) abort();
+    snprintf(scratch_path[n_scratch], sizeof scratch_path[0], "%s/%s", scratch_dir, name);
+    return scratch_path[n_scratch++];
 }
 
 /* ---- outcome features ---------------------------------------------------- */

@@ -12,13 +12,13 @@
  */
 #include "experts/heat.h"
 #include "experts/policy.h"
+#include "fuzz.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define LAYERS 3
 #define EXPERTS 8
@@ -27,18 +27,8 @@ static char outcome[96];
 
 const char *df_fuzz_outcome(void) { return outcome; }
 
-static char path[64];
-
-static void cleanup(void) { unlink(path); }
-
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t size) {
-    if (!path[0]) {
-        snprintf(path, sizeof path, "/tmp/fuzz_heat.XXXXXX");
-        int fd = mkstemp(path);
-        if (fd < 0) abort();
-        close(fd);
-        atexit(cleanup);
-    }
+    const char *path = df_fuzz_scratch("experts.heat");
     FILE *f = fopen(path, "wb");
     if (!f) abort();
     uint32_t crc = df_crc32(0, d, size);

@@ -9,6 +9,7 @@
  * outside what the manifest was allowed to describe.
  */
 #include "experts/pack.h"
+#include "fuzz.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -35,14 +36,6 @@ const char *const *df_fuzz_dict(size_t *n) {
     return DICT;
 }
 
-static char dir[64], manifest[96], data[96];
-
-static void cleanup(void) {
-    unlink(manifest);
-    unlink(data);
-    rmdir(dir);
-}
-
 static void write_file(const char *path, const uint8_t *d, size_t n, long long size) {
     FILE *f = fopen(path, "wb");
     if (!f) abort();
@@ -52,13 +45,9 @@ static void write_file(const char *path, const uint8_t *d, size_t n, long long s
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t size) {
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/fuzz_pack.XXXXXX");
-        if (!mkdtemp(dir)) abort();
-        snprintf(manifest, sizeof manifest, "%s/manifest.json", dir);
-        snprintf(data, sizeof data, "%s/experts.bin", dir);
-        atexit(cleanup);
-    }
+    const char *manifest = df_fuzz_scratch("manifest.json"), *data = df_fuzz_scratch("experts.bin");
+    char dir[96]; /* the scratch directory is the pack directory */
+    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(manifest, '/') - manifest), manifest);
     long long bytes = 65536;
     json_t *root = json_loadb((const char *)d, size, 0, NULL);
     json_t *db = root ? json_object_get(root, "data_bytes") : NULL;

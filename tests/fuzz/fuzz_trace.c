@@ -6,12 +6,12 @@
  * the tokens in order), and writing it back out must parse to the same trace.
  */
 #include "experts/trace.h"
+#include "fuzz.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static char outcome[120];
 
@@ -47,22 +47,6 @@ static void check(const df_trace *t) {
         }
 }
 
-/* A trace is written back through a file, as the engine's recorder writes it. */
-static char scratch_path[64];
-
-static void remove_scratch(void) { unlink(scratch_path); }
-
-static const char *scratch(void) {
-    if (!scratch_path[0]) {
-        snprintf(scratch_path, sizeof scratch_path, "/tmp/fuzz_trace.XXXXXX");
-        int fd = mkstemp(scratch_path);
-        if (fd < 0) abort();
-        close(fd);
-        atexit(remove_scratch);
-    }
-    return scratch_path;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     df_trace t, u;
     df_error err = {0};
@@ -85,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     check(&t);
-    const char *path = scratch();
+    const char *path = df_fuzz_scratch("written.trace"); /* as the engine's recorder writes it */
     if (df_trace_write_file(&t, path, &err) != DF_OK) abort();
     if (df_trace_load(&u, path, &err) != DF_OK) abort();
     size_t per = (size_t)t.n_layers * (size_t)t.top_k;
