@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +154,25 @@ const char *df_fuzz_scratch(const char *name) {
     if (n_scratch == MAX_SCRATCH || strchr(name, '/')) abort();
     snprintf(scratch_path[n_scratch], sizeof scratch_path[0], "%s/%s", scratch_dir, name);
     return scratch_path[n_scratch++];
+}
+
+/* ---- outcome text ------------------------------------------------------------ */
+
+void df_fuzz_describe(char *out, size_t cap, const char *head, const char *msg, size_t len,
+                      char quote) {
+    size_t o = (size_t)snprintf(out, cap, "%s", head);
+    if (o >= cap) o = cap - 1;
+    const char *q0 = quote ? memchr(msg, quote, len) : NULL, *q1 = q0;
+    for (const char *p = q0; p && p < msg + len; p++)
+        if (*p == quote) q1 = p;
+    bool in_num = false;
+    for (const char *p = msg; p < msg + len && o + 1 < cap && o < 60; p++) {
+        if (q0 && p >= q0 && p <= q1) continue;
+        bool num = (*p >= '0' && *p <= '9') || (in_num && *p && strchr(".eE+-xXabcdefABCDEF", *p));
+        if (!(num && in_num)) out[o++] = num || (unsigned char)*p < 0x20 ? '#' : *p;
+        in_num = num;
+    }
+    out[o] = 0;
 }
 
 /* ---- outcome features ---------------------------------------------------- */

@@ -15,7 +15,6 @@
 #include "fuzz.h"
 
 #include <math.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,13 +40,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t size) {
     df_heat_load_result r = df_heat_load(&h, path, &err);
     if (!err.msg[0] || !strstr(err.msg, path)) abort();
     /* the reason, without the path, the numbers and what follows ';' */
-    size_t o = (size_t)snprintf(outcome, sizeof outcome, "%s", df_heat_load_result_name(r));
-    for (const char *p = strstr(err.msg, path) + strlen(path); *p && *p != ';' && o < 60; p++) {
-        bool digit = (*p >= '0' && *p <= '9') || *p == '.' || *p == '-' || *p == '+';
-        if (digit && outcome[o - 1] == '#') continue;
-        outcome[o++] = digit ? '#' : *p;
-    }
-    outcome[o] = 0;
+    const char *m = strstr(err.msg, path) + strlen(path), *semi = strchr(m, ';');
+    df_fuzz_describe(outcome, sizeof outcome, df_heat_load_result_name(r), m,
+                     semi ? (size_t)(semi - m) : strlen(m), 0);
     if (r != DF_HEAT_LOADED) {
         for (int i = 0; i < LAYERS * EXPERTS; i++)
             if (h.v[i] != 0) abort(); /* a refused file leaves the histogram empty */

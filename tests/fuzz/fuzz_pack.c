@@ -12,7 +12,6 @@
 #include "fuzz.h"
 
 #include <jansson.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,15 +61,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t size) {
     if (rc == DF_OK) abort(); /* zeros never match a record's checksum */
     if (err.code != rc || !strstr(err.msg, dir)) abort();
     /* the directory, numbers and quoted values vary; the complaint does not */
-    size_t o = (size_t)snprintf(outcome, sizeof outcome, "%d ", rc);
     const char *m = strstr(err.msg, dir) + strlen(dir);
     const char *end = strstr(m, " near"); /* jansson's: where, and what it found */
     if (!end) end = strstr(m, " (line");
-    for (const char *p = m; *p && p != end && o < 60; p++) {
-        bool digit = *p >= '0' && *p <= '9';
-        if (digit && o && outcome[o - 1] == '#') continue;
-        outcome[o++] = digit || (unsigned char)*p < 0x20 ? '#' : *p;
-    }
-    outcome[o] = 0;
+    char head[16];
+    snprintf(head, sizeof head, "%d ", rc);
+    df_fuzz_describe(outcome, sizeof outcome, head, m, end ? (size_t)(end - m) : strlen(m), 0);
     return 0;
 }

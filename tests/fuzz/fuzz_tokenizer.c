@@ -12,8 +12,8 @@
  * UTF-8 lead byte at all, whose invalid bytes bypass normalization).
  */
 #include "tokenizer/tokenizer.h"
+#include "fuzz.h"
 
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,16 +116,13 @@ static void fuzz_load(const char *json, size_t n) {
     int rc = df_tokenizer_load_mem(&t, json, n, "tok.json", &err);
     if (rc) {
         if (t || err.code != rc || !strstr(err.msg, "tok.json")) abort();
-        /* names and values vary (quoted keys, ids); the kind of complaint does not */
-        size_t o = (size_t)snprintf(outcome, sizeof outcome, "%d ", rc);
-        bool quoted = false;
-        for (const char *p = err.msg; *p && o + 1 < sizeof outcome && o < 60; p++) {
-            if (strncmp(p, "byte x", 6) == 0) /* "no token for byte xNN": one outcome */
-                while (p[1] && p[1] != ' ') p++;
-            else if (*p == '"') quoted = !quoted;
-            else if (!quoted && (*p < '0' || *p > '9') && (unsigned char)*p >= 0x20) outcome[o++] = *p;
-        }
-        outcome[o] = 0;
+        /* names and values vary (quoted keys, ids); the kind of complaint does not;
+         * "no token for byte xNN" is one outcome */
+        const char *b = strstr(err.msg, "byte x");
+        char head[16];
+        snprintf(head, sizeof head, "%d ", rc);
+        df_fuzz_describe(outcome, sizeof outcome, head, err.msg,
+                         b ? (size_t)(b - err.msg) + 6 : strlen(err.msg), '"');
         return;
     }
     if (df_tokenizer_vocab_size(t) <= 0) abort();

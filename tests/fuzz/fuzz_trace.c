@@ -8,7 +8,6 @@
 #include "experts/trace.h"
 #include "fuzz.h"
 
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,16 +54,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (err.code != rc || strncmp(err.msg, "in.trace", 8) != 0) abort();
         /* the line number and the offending values vary; the complaint does not */
         const char *m = strchr(err.msg + 8, ' ');
-        size_t o = (size_t)snprintf(outcome, sizeof outcome, "%d ", rc);
         const char *msg = m ? m + 1 : err.msg;
-        const char *q0 = strchr(msg, '\''), *q1 = strrchr(msg, '\''); /* 'what was found' */
-        for (const char *p = msg; *p && o < 40; p++) {
-            if (q0 && p >= q0 && p <= q1) continue;
-            bool digit = *p >= '0' && *p <= '9';
-            if (digit && o && outcome[o - 1] == '#') continue; /* a number is one '#' */
-            outcome[o++] = digit || (unsigned char)*p < 0x20 ? '#' : *p;
-        }
-        outcome[o] = 0;
+        char head[16];
+        snprintf(head, sizeof head, "%d ", rc);
+        df_fuzz_describe(outcome, sizeof outcome, head, msg, strlen(msg), '\''); /* 'what was found' */
         df_trace_free(&t);
         return 0;
     }
