@@ -26,7 +26,16 @@ static int perr(const pctx *c, int code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    if (!c->lineno) return df_fail(c->err, code, "%s: %s", c->name, buf); /* the whole trace */
     return df_fail(c->err, code, "%s:%d: %s", c->name, c->lineno, buf);
+}
+
+/* Checked once the header is complete: at the first token line, or at the end
+ * of a trace that has none (then with c->lineno 0). */
+static int check_top_k(const pctx *c, const df_trace *t) {
+    if (t->top_k <= t->n_experts) return DF_OK;
+    return perr(c, DF_ERR_FORMAT, "header top_k = %d exceeds experts_per_layer = %d", t->top_k,
+                t->n_experts);
 }
 
 static int is_sp(char ch) { return ch == ' ' || ch == '\t'; }
@@ -254,11 +263,7 @@ int df_trace_parse(df_trace *t, const char *text, size_t len, const char *name,
                               "experts_per_layer and top_k");
                     goto fail;
                 }
-                if (t->top_k > t->n_experts) {
-                    rc = perr(&c, DF_ERR_FORMAT, "header top_k = %d exceeds experts_per_layer = %d",
-                              t->top_k, t->n_experts);
-                    goto fail;
-                }
+                if ((rc = check_top_k(&c, t))) goto fail;
                 stamp = calloc((size_t)t->n_experts, sizeof *stamp);
                 if (!stamp) {
                     rc = perr(&c, DF_ERR_NOMEM, "out of memory");
@@ -292,11 +297,9 @@ int df_trace_parse(df_trace *t, const char *text, size_t len, const char *name,
                      "%s: header lacks moe_layers, experts_per_layer or top_k", c.name);
         goto fail;
     }
-    if (t->top_k > t->n_experts) { /* a trace with no tokens was not checked at its first */
-        rc = df_fail(err, DF_ERR_FORMAT, "%s: header top_k = %d exceeds experts_per_layer = %d",
-                     c.name, t->top_k, t->n_experts);
-        goto fail;
-    }
+    pctx whole = c;
+    whole.lineno = 0;
+    if ((rc = check_top_k(&whole, t))) goto fail;
     if (grow((void **)&t->seq_start, &seq_cap, (size_t)t->n_seqs + 1, sizeof *t->seq_start)) {
         rc = df_fail(err, DF_ERR_NOMEM, "%s: out of memory", c.name);
         goto fail;
