@@ -4,9 +4,10 @@
  * Real tokenizers (assets/tokenizers/, fetched by scripts/fetch_assets.sh): every
  * case of llama.cpp's reference vectors (tests/data/tokenizer-vectors/) must match
  * exactly, decode(encode(x)) must give x back (NFC(x) for Qwen3, which normalizes),
- * plus special tokens and a few hundred KB of generated text.
+ * plus special tokens (plain text inside plain spans, chat content) and a few
+ * hundred KB of generated text.
  * Synthetic tokenizers built here in JSON: merge order and tie-breaking, both merge
- * list formats, ignore_merges, added tokens (longest match, lstrip/rstrip),
+ * list formats, ignore_merges, added tokens (longest match, lstrip/rstrip, plain spans),
  * normalizers, pre-tokenizer variants, and bad tokenizer.json inputs, which must
  * give errors naming the field, never a crash.
  */
@@ -82,6 +83,33 @@ static void expect_ids(const df_tokenizer *t, const char *s, const int32_t *exp,
     do {                                                                                        \
         const int32_t e_[] = {__VA_ARGS__};                                                     \
         expect_ids(t, s, e_, sizeof e_ / sizeof e_[0]);                                         \
+    } while (0)
+
+/* Same, with special tokens plain inside the spans {off, len}. */
+static void expect_plain(const df_tokenizer *t, const char *s, const df_text_span *sp, size_t nsp,
+                         const int32_t *exp, size_t n_exp) {
+    int32_t *ids;
+    size_t n;
+    df_error err = {0};
+    int rc = df_tokenizer_encode_spans(t, s, strlen(s), sp, nsp, &ids, &n, &err);
+    if (rc) fprintf(stderr, "encode failed: %s\n", err.msg);
+    assert_int_equal(rc, DF_OK);
+    if (n != n_exp || memcmp(ids, exp, n * sizeof *ids) != 0) {
+        fprintf(stderr, "encode(\"%s\", %zu plain spans): got", s, nsp);
+        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, ", expected");
+        for (size_t i = 0; i < n_exp; i++) fprintf(stderr, " %d", exp[i]);
+        fprintf(stderr, "\n");
+        free(ids);
+        fail();
+    }
+    free(ids);
+}
+#define SPANS(...) ((const df_text_span[]){__VA_ARGS__})
+#define EXPECT_PLAIN(t, s, sp, nsp, ...)                                                        \
+    do {                                                                                        \
+        const int32_t e_[] = {__VA_ARGS__};                                                     \
+        expect_plain(t, s, sp, nsp, e_, sizeof e_ / sizeof e_[0]);                              \
     } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -317,6 +345,62 @@ static void test_qwen3_specials(void **state) {
     assert_int_equal(df_tokenizer_token_bytes(t, -1, &b, &l), -1);
     assert_int_equal(df_tokenizer_token_bytes(t, 151669, &b, &l), -1);
     assert_int_equal(df_tokenizer_token_bytes(t, INT32_MAX, &b, &l), -1);
+}
+
+/* In plain spans (chat message content) control tokens are text: "<|im_end|>"
+ * gives ordinary ids that decode to it; <think> (special: false) is still
+ * matched; text without special-token text gets the ids of plain encoding
+ * wherever the spans cut it, mid-word and mid-newline-run included. */
+static void test_qwen3_plain_spans(void **state) {
+    const df_tokenizer *t = qwen3(state);
+    const char *cases[] = {"<|im_end|>", "<|endoftext|>", "x<|im_start|>system\n", "<|im_end|"};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        size_t len = strlen(cases[c]), n;
+        int32_t *ids;
+        df_error err = {0};
+        df_text_span all = {0, len};
+        assert_int_equal(df_tokenizer_encode_spans(t, cases[c], len, &all, 1, &ids, &n, &err),
+                         DF_OK);
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] >= 151643 && ids[i] <= 151656) {
+                fprintf(stderr, "\"%s\" in a plain span gave control token %d\n", cases[c],
+                        ids[i]);
+                fail();
+            }
+        size_t dl;
+        char *d = decode_all(t, ids, n, &dl);
+        assert_int_equal(dl, len);
+        assert_memory_equal(d, cases[c], len);
+        free(d);
+        free(ids);
+    }
+    EXPECT_PLAIN(t, "<think>\n\n</think>", SPANS({0, 17}), 1, 151667, 271, 151668);
+    /* only the span is plain: the template's own tokens stay */
+    const char *conv = "<|im_start|>user\n<|im_end|><|im_end|>\n";
+    int32_t *a, *b;
+    size_t na, nb;
+    df_error err = {0};
+    df_text_span content = {17, 10};
+    assert_int_equal(df_tokenizer_encode_spans(t, conv, strlen(conv), &content, 1, &a, &na, &err),
+                     DF_OK);
+    assert_true(na > 5);
+    assert_int_equal(a[0], 151644);
+    assert_int_equal(a[na - 2], 151645);
+    for (size_t i = 1; i < na - 2; i++) assert_int_not_equal(a[i], 151645);
+    free(a);
+
+    const char *text = "Hello world,\n\n\n  indented\tand  spaced \xc3\xa9t\xc3\xa9 12345 "
+                       "<think>\n\n</think>\n\nend \n";
+    size_t len = strlen(text);
+    assert_int_equal(df_tokenizer_encode(t, text, len, &a, &na, &err), DF_OK);
+    for (size_t off = 0; off < len; off += 3) {
+        df_text_span sp[2] = {{0, off / 2}, {off, len - off < 5 ? len - off : 5}};
+        assert_int_equal(df_tokenizer_encode_spans(t, text, len, sp, 2, &b, &nb, &err), DF_OK);
+        assert_int_equal(nb, na);
+        assert_memory_equal(b, a, na * sizeof *a);
+        free(b);
+    }
+    free(a);
 }
 
 static void test_llama3_specials(void **state) {
@@ -603,6 +687,64 @@ static void test_added_tokens(void **state) {
     assert_int_equal(df_tokenizer_token_bytes(t, 304, &b, &l), 0);
     assert_memory_equal(b, "ab", 2);
     assert_int_equal(df_tokenizer_token_bytes(t, 299, &b, &l), -1); /* a gap in the ids */
+    df_tokenizer_free(t);
+}
+
+/* Plain spans: special added tokens are text inside them (the longest other
+ * token that matches there is taken), non-special ones are matched everywhere,
+ * no special token reaches into a span, and bad spans are refused. */
+static void test_plain_spans(void **state) {
+    (void)state;
+    static const synth sy = {{0}, {{0}}, false};
+    json_t *j = synth_json(&sy);
+    add_token(j, 300, "<s>", false, false, true);
+    add_token(j, 301, "<t>", false, false, false);
+    add_token(j, 302, "<s", false, false, false);
+    add_token(j, 303, "[L]", true, false, true); /* lstrip */
+    df_tokenizer *t = load_ok(j);
+    EXPECT_PLAIN(t, "a<s>b", NULL, 0, 'a', 300, 'b');
+    EXPECT_PLAIN(t, "a<s>b", SPANS({0, 5}), 1, 'a', 302, '>', 'b');
+    EXPECT_PLAIN(t, "<t><s>", SPANS({0, 6}), 1, 301, 302, '>');
+    EXPECT_PLAIN(t, "<s><s>", SPANS({3, 3}), 1, 300, 302, '>');
+    EXPECT_PLAIN(t, "<s><s>", SPANS({0, 1}, {4, 1}), 2, 302, '>', 302, '>');
+    EXPECT_PLAIN(t, "<s>", SPANS({2, 1}), 1, 302, '>');    /* would reach into the span */
+    EXPECT_PLAIN(t, "<s>", SPANS({1, 0}, {3, 0}), 2, 300); /* empty spans: none */
+    EXPECT_PLAIN(t, "[L]", SPANS({0, 3}), 1, '[', 'L', ']');
+    /* a template token after plain text still strips the whitespace before it */
+    EXPECT_PLAIN(t, "x  [L]", SPANS({0, 3}), 1, 'x', 303);
+
+    int32_t *ids = (int32_t *)1;
+    size_t n = 9;
+    df_error err = {0};
+    assert_int_equal(df_tokenizer_encode_spans(t, "abcdef", 6, SPANS({2, 2}, {3, 1}), 2, &ids,
+                                               &n, &err),
+                     DF_ERR_ARG);
+    assert_null(ids);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(err.msg, "plain[1]"));
+    assert_non_null(strstr(err.msg, "out of order"));
+    assert_int_equal(df_tokenizer_encode_spans(t, "abcdef", 6, SPANS({4, 3}), 1, &ids, &n, &err),
+                     DF_ERR_ARG);
+    assert_non_null(strstr(err.msg, "plain[0]"));
+    assert_non_null(strstr(err.msg, "not inside the text"));
+    assert_int_equal(df_tokenizer_encode_spans(t, "abcdef", 6, SPANS({7, 0}), 1, &ids, &n, &err),
+                     DF_ERR_ARG);
+    assert_int_equal(df_tokenizer_encode_spans(t, "abcdef", 6, NULL, 1, &ids, &n, &err),
+                     DF_ERR_ARG);
+    assert_non_null(strstr(err.msg, "plain"));
+    df_tokenizer_free(t);
+
+    /* a normalized special token is matched only in pieces that touch no span
+     * (normalizing moves offsets; real tokenizers mark specials normalized: false) */
+    j = synth_json(&sy);
+    json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    json_array_append_new(json_object_get(j, "added_tokens"),
+                          json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 300, "content",
+                                    "<n>", "single_word", 0, "lstrip", 0, "rstrip", 0,
+                                    "normalized", 1, "special", 1));
+    t = load_ok(j);
+    EXPECT_PLAIN(t, "a<n>", NULL, 0, 'a', 300);
+    EXPECT_PLAIN(t, "a<n>", SPANS({0, 1}), 1, 'a', '<', 'n', '>');
     df_tokenizer_free(t);
 }
 
@@ -898,12 +1040,14 @@ int main(void) {
         cmocka_unit_test(test_both_merge_formats_agree),
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_plain_spans),
         cmocka_unit_test(test_normalizers),
         cmocka_unit_test(test_pretokenizer_variants),
         cmocka_unit_test(test_bad_json),
         cmocka_unit_test(test_truncated_json),
         cmocka_unit_test(test_qwen2_vectors),
         cmocka_unit_test(test_qwen3_specials),
+        cmocka_unit_test(test_qwen3_plain_spans),
         cmocka_unit_test(test_qwen3_bytes),
         cmocka_unit_test(test_qwen3_bulk),
         cmocka_unit_test(test_llama_bpe_vectors),

@@ -13,6 +13,11 @@
  *   3. the pre-tokenizer steps split each piece (Split regexes, ByteLevel);
  *   4. every pre-token is merged by BPE (ignore_merges: a pre-token that is itself
  *      in the vocab maps straight to its id).
+ * Plain spans (df_tokenizer_encode_spans, used for chat message content) switch
+ * off special added tokens in steps 1-2 inside them; everything else runs over
+ * the whole text as one string, so ids change only where special-token text
+ * lies in a span. Encoding spans separately would not do: Qwen3's pre-tokenizer
+ * joins "\n" + "\n\n" across the edge of "user\n" and content into one token.
  * Internally everything is raw bytes: vocab strings are converted out of the
  * byte-level alphabet once at load, so encoding never maps characters.
  *
@@ -58,6 +63,7 @@ typedef struct added_tok {
     int32_t id;
     uint32_t off, len; /* content in the arena */
     bool lstrip, rstrip, normalized;
+    bool special; /* a control token: never matched inside plain spans */
 } added_tok;
 
 typedef struct trie_node {
@@ -297,14 +303,17 @@ static void trie_add(trie *tr, const unsigned char *s, size_t n, int32_t tok) {
     tr->first[s[0]] = 1;
 }
 
-/* Longest token that starts at p; returns its index or -1. */
-static int32_t trie_longest(const trie *tr, const unsigned char *p, size_t n, size_t *len) {
+/* Longest token that starts at p; returns its index or -1. A special token
+ * counts only if it is at most special_max bytes long (0: none, SIZE_MAX: any). */
+static int32_t trie_longest(const trie *tr, const added_tok *added, const unsigned char *p,
+                            size_t n, size_t special_max, size_t *len) {
     int32_t node = 0, best = -1;
     for (size_t i = 0; i < n; i++) {
         node = trie_child(tr, node, p[i]);
         if (node < 0) break;
-        if (tr->nodes[node].tok >= 0) {
-            best = tr->nodes[node].tok;
+        int32_t tok = tr->nodes[node].tok;
+        if (tok >= 0 && (!added[tok].special || i + 1 <= special_max)) {
+            best = tok;
             *len = i + 1;
         }
     }
@@ -801,14 +810,14 @@ static int parse_model(df_tokenizer *t, json_t *root, df_error *err) {
                                "%s",
                                t->path, i, jtype(c));
             added_tok *at = &t->added[t->n_added];
-            bool single = false, special = false;
+            bool single = false;
             char w[64];
             snprintf(w, sizeof w, "added_tokens[%zu]", i);
             rc = get_bool(t, e, "lstrip", w, false, &at->lstrip, err);
             if (!rc) rc = get_bool(t, e, "rstrip", w, false, &at->rstrip, err);
             if (!rc) rc = get_bool(t, e, "normalized", w, false, &at->normalized, err);
             if (!rc) rc = get_bool(t, e, "single_word", w, false, &single, err);
-            if (!rc) rc = get_bool(t, e, "special", w, false, &special, err);
+            if (!rc) rc = get_bool(t, e, "special", w, false, &at->special, err);
             if (rc) return rc;
             if (single)
                 return df_fail(err, DF_ERR_UNSUPPORTED,
@@ -1000,7 +1009,38 @@ typedef struct enc_ctx {
     int32_t *sym, *nxt, *prv;
     uint64_t *heap;
     size_t scap;
+    /* Special added tokens are plain text inside these spans of the input (sorted,
+     * non-empty); raw pieces are located in the input by their offset from text. */
+    const char *text;
+    const df_text_span *plain;
+    size_t n_plain;
+    bool norm_special; /* the piece being normalized may match special tokens */
 } enc_ctx;
+
+/* Index of the first plain span ending after offset off (n_plain: none). */
+static size_t plain_after(const enc_ctx *c, size_t off) {
+    size_t lo = 0, hi = c->n_plain;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->plain[mid].off + c->plain[mid].len > off) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Longest special token that may start at input offset off: none inside a plain
+ * span, and none reaching into the next one. */
+static size_t special_room(const enc_ctx *c, size_t off) {
+    if (c->n_plain == 0) return SIZE_MAX;
+    size_t k = plain_after(c, off);
+    if (k == c->n_plain) return SIZE_MAX;
+    return c->plain[k].off <= off ? 0 : c->plain[k].off - off;
+}
+
+static bool overlaps_plain(const enc_ctx *c, size_t off, size_t n) {
+    size_t k = plain_after(c, off);
+    return k < c->n_plain && c->plain[k].off < off + n;
+}
 
 static void emit(enc_ctx *c, int32_t id) {
     if (c->n == c->cap) {
@@ -1189,10 +1229,13 @@ static int normalize(const df_tokenizer *t, const char *s, size_t n, char **out,
 
 typedef int (*seg_fn)(enc_ctx *c, const char *p, size_t n);
 
-/* Cuts added tokens out of p (leftmost-longest) and hands the rest to fn. */
+/* Cuts added tokens out of p (leftmost-longest) and hands the rest to fn. A
+ * special token is cut only where plain spans allow it (see enc_ctx); where they
+ * do not, the longest other token that matches there is taken, or none. */
 static int split_added(enc_ctx *c, const trie *tr, const char *p, size_t n, seg_fn fn) {
     if (tr->n == 0) return fn(c, p, n);
     const unsigned char *u = (const unsigned char *)p;
+    bool raw = tr == &c->t->tr_raw; /* p lies in the input (not normalized) */
     size_t cur = 0, i = 0;
     while (i < n) {
         if (!tr->first[u[i]]) {
@@ -1200,7 +1243,9 @@ static int split_added(enc_ctx *c, const trie *tr, const char *p, size_t n, seg_
             continue;
         }
         size_t mlen = 0;
-        int32_t tok = trie_longest(tr, u + i, n - i, &mlen);
+        size_t room = raw ? special_room(c, (size_t)(p - c->text) + i)
+                          : c->norm_special ? SIZE_MAX : 0;
+        int32_t tok = trie_longest(tr, c->t->added, u + i, n - i, room, &mlen);
         if (tok < 0) {
             i++;
             continue;
@@ -1224,6 +1269,9 @@ static int split_added(enc_ctx *c, const trie *tr, const char *p, size_t n, seg_
 static int seg_pretok(enc_ctx *c, const char *p, size_t n) { return pretok(c, p, n, 0); }
 
 static int seg_valid(enc_ctx *c, const char *p, size_t n) {
+    /* Normalizing moves offsets, so a piece that touches a plain span matches no
+     * normalized special token anywhere (tokenizers mark them normalized: false). */
+    c->norm_special = !overlaps_plain(c, (size_t)(p - c->text), n);
     char *nrm;
     size_t nn;
     int rc = normalize(c->t, p, n, &nrm, &nn, c->err);
@@ -1254,14 +1302,52 @@ static int seg_raw(enc_ctx *c, const char *p, size_t n) {
     return DF_OK;
 }
 
+/* Plain spans must be sorted, apart and inside the text; the non-empty ones are
+ * copied to *out (malloc'ed, NULL when there are none). */
+static int check_spans(const df_text_span *sp, size_t n_sp, size_t len, df_text_span **out,
+                       size_t *n_out, df_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    if (!sp && n_sp)
+        return df_fail(err, DF_ERR_ARG, "df_tokenizer_encode_spans: plain: NULL with %zu spans",
+                       n_sp);
+    size_t end = 0;
+    for (size_t i = 0; i < n_sp; i++) {
+        if (sp[i].off < end || sp[i].off > len || sp[i].len > len - sp[i].off) {
+            free(*out);
+            *out = NULL;
+            *n_out = 0;
+            return df_fail(err, DF_ERR_ARG,
+                           "df_tokenizer_encode_spans: plain[%zu] (offset %zu, %zu bytes) is %s",
+                           i, sp[i].off, sp[i].len,
+                           sp[i].off < end ? "out of order or overlaps the one before"
+                                           : "not inside the text");
+        }
+        end = sp[i].off + sp[i].len;
+        if (sp[i].len == 0) continue;
+        if (!*out) *out = df_xmalloc(n_sp * sizeof **out);
+        (*out)[(*n_out)++] = sp[i];
+    }
+    return DF_OK;
+}
+
 int df_tokenizer_encode(const df_tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *n, df_error *err) {
+    return df_tokenizer_encode_spans(t, text, len, NULL, 0, ids, n, err);
+}
+
+int df_tokenizer_encode_spans(const df_tokenizer *t, const char *text, size_t len,
+                              const df_text_span *plain, size_t n_plain, int32_t **ids,
+                              size_t *n, df_error *err) {
     if (!t || !ids || !n || (!text && len))
         return df_fail(err, DF_ERR_ARG, "df_tokenizer_encode: NULL argument");
     *ids = NULL;
     *n = 0;
-    enc_ctx c = {.t = t, .err = err};
-    int rc = DF_OK;
+    enc_ctx c = {.t = t, .err = err, .text = text};
+    df_text_span *sp;
+    int rc = check_spans(plain, n_plain, len, &sp, &c.n_plain, err);
+    if (rc) return rc;
+    c.plain = sp;
     if (len) {
         c.md = pcre2_match_data_create(1, NULL);
         c.mctx = pcre2_match_context_create(NULL);
@@ -1281,6 +1367,7 @@ out:
     free(c.nxt);
     free(c.prv);
     free(c.heap);
+    free(sp);
     if (rc) {
         free(c.ids);
         return rc;

@@ -9,7 +9,11 @@
  * models/demo-moe/tokenizer.json): every id must be in range and decode, and
  * since byte-level BPE loses nothing, decoding must give the text back whenever
  * its NFC normalizer leaves it unchanged (valid UTF-8 already in NFC, or no
- * UTF-8 lead byte at all, whose invalid bytes bypass normalization).
+ * UTF-8 lead byte at all, whose invalid bytes bypass normalization). The text is
+ * encoded again with its middle third as a plain span (chat message content):
+ * no control token may then come from inside it, and text without a '<' (which
+ * every added token of the demo and Qwen3 tokenizers starts with) must get the
+ * very ids of the plain encoding, wherever the span cuts it.
  */
 #include "tokenizer/tokenizer.h"
 #include "fuzz.h"
@@ -93,6 +97,34 @@ static const df_tokenizer *demo_tokenizer(void) {
     return t;
 }
 
+/* Encodes with [n/3, 2n/3) plain and checks it against the plain encoding. */
+static void fuzz_plain_span(const df_tokenizer *t, const char *text, size_t n, const int32_t *ref,
+                            size_t n_ref, int stable) {
+    df_text_span sp = {n / 3, 2 * n / 3 - n / 3};
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    df_error err = {0};
+    if (df_tokenizer_encode_spans(t, text, n, &sp, 1, &ids, &n_ids, &err)) abort();
+    if (!memchr(text, '<', n) && (n_ids != n_ref || memcmp(ids, ref, n_ids * sizeof *ids) != 0))
+        abort();
+    int32_t ctl[3] = {df_tokenizer_find(t, "<|im_start|>"), df_tokenizer_find(t, "<|im_end|>"),
+                      df_tokenizer_find(t, "<|endoftext|>")};
+    size_t off = 0;
+    for (size_t i = 0; i < n_ids && stable; i++) {
+        const char *b;
+        size_t k;
+        if (df_tokenizer_token_bytes(t, ids[i], &b, &k) != 0) abort();
+        bool inside = off < sp.off + sp.len && off + k > sp.off;
+        if (inside && (ids[i] == ctl[0] || ids[i] == ctl[1] || ids[i] == ctl[2])) abort();
+        off += k;
+    }
+    char *back;
+    size_t len = decode_all(t, ids, n_ids, &back);
+    if (stable && (len != n || memcmp(back, text, n) != 0)) abort();
+    free(back);
+    free(ids);
+}
+
 static void fuzz_encode(const char *text, size_t n) {
     const df_tokenizer *t = demo_tokenizer();
     int32_t *ids = NULL;
@@ -103,6 +135,7 @@ static void fuzz_encode(const char *text, size_t n) {
     size_t len = decode_all(t, ids, n_ids, &back);
     int stable = nfc_stable((const unsigned char *)text, n);
     if (stable && (len != n || memcmp(back, text, n) != 0)) abort();
+    fuzz_plain_span(t, text, n, ids, n_ids, stable);
     int bits = 0;
     while ((n_ids >> bits) > 0 && bits < 12) bits++;
     snprintf(outcome, sizeof outcome, "enc %d %d", bits, stable);
