@@ -179,7 +179,10 @@ void df_engine_inspect(const df_engine *eng, FILE *out);
 
 /* ---- tokenizer and chat ------------------------------------------------ */
 
-/* Encode text (special tokens in the text are recognised). *ids is malloc'ed. */
+/* Encodes text as it is, for a prompt the caller writes in full: every added
+ * token in it is recognised, control tokens included ("<|im_end|>" gives the
+ * end-of-turn id). Never use it on text that others supply inside a prompt
+ * (chat messages: df_chat_tokenize). *ids is malloc'ed. */
 int df_tokenize(const df_engine *eng, const char *text, size_t len,
                 int32_t **ids, size_t *n_ids, df_error *err);
 /* The raw bytes a token stands for (not NUL-terminated, may be partial UTF-8). */
@@ -200,11 +203,24 @@ size_t df_text_stream_push(const df_engine *eng, df_text_stream *st, int32_t id,
 size_t df_text_stream_flush(df_text_stream *st, char *out, size_t cap);
 
 typedef struct df_chat_msg {
-    const char *role; /* "system", "user", "assistant" */
+    const char *role; /* "system", "user", "assistant", "tool" */
     const char *content;
 } df_chat_msg;
 
-/* Renders the model's chat template; *out is malloc'ed. */
+/* The conversation through the model's chat template, as the prompt's token
+ * ids (*ids malloc'ed). Special tokens (tokenizer.json "special": true, e.g.
+ * <|im_start|>, <|im_end|>, <|endoftext|>) come from the template only: in
+ * message content their text is encoded as ordinary text, so no message can
+ * close its turn or open another. Non-special added tokens (Qwen3's <think>,
+ * <tool_call>) are recognised in content too, as Hugging Face does. For
+ * content without special-token text the ids are those of df_tokenize on
+ * df_chat_render's text. */
+int df_chat_tokenize(const df_engine *eng, const df_chat_msg *msgs, int n_msgs,
+                     int add_generation_prompt, int enable_thinking,
+                     int32_t **ids, size_t *n_ids, df_error *err);
+/* Renders the model's chat template as text (*out malloc'ed), for display:
+ * tokenizing it would turn special-token text in content into control tokens,
+ * so prompts come from df_chat_tokenize. */
 int df_chat_render(const df_engine *eng, const df_chat_msg *msgs, int n_msgs,
                    int add_generation_prompt, int enable_thinking,
                    char **out, df_error *err);

@@ -686,6 +686,12 @@ int df_chat_render(const df_engine *e, const df_chat_msg *msgs, int n, int add_g
     return df_chat_render_qwen3(msgs, n, add_gen, enable_thinking, out, err);
 }
 
+int df_chat_tokenize(const df_engine *e, const df_chat_msg *msgs, int n, int add_gen,
+                     int enable_thinking, int32_t **ids, size_t *n_ids, df_error *err) {
+    if (!e) return df_fail(err, DF_ERR_ARG, "df_chat_tokenize: NULL engine");
+    return df_chat_tokenize_qwen3(e->tok, msgs, n, add_gen, enable_thinking, ids, n_ids, err);
+}
+
 /* Length of the UTF-8 sequence a lead byte starts, 0 if it cannot start one. */
 static int utf8_len(unsigned char c) {
     if (c < 0x80) return 1;

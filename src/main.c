@@ -521,18 +521,16 @@ static int cmd_run(int argc, char **argv) {
             r = r * 6364136223846793005ull + 1442695040888963407ull;
             ids[i] = (int32_t)((r >> 33) % (uint64_t)info->vocab_size);
         }
+    } else if (o.chat) {
+        /* the prompt and system text are message content: special-token text in
+         * them stays text */
+        df_chat_msg msgs[2];
+        int nm = 0;
+        if (o.system) msgs[nm++] = (df_chat_msg){"system", o.system};
+        msgs[nm++] = (df_chat_msg){"user", o.prompt};
+        if (df_chat_tokenize(e, msgs, nm, 1, o.think, &ids, &n, &err)) die_err(&err);
     } else {
-        char *text = NULL;
-        if (o.chat) {
-            df_chat_msg msgs[2];
-            int nm = 0;
-            if (o.system) msgs[nm++] = (df_chat_msg){"system", o.system};
-            msgs[nm++] = (df_chat_msg){"user", o.prompt};
-            if (df_chat_render(e, msgs, nm, 1, o.think, &text, &err)) die_err(&err);
-        }
-        const char *p = text ? text : o.prompt;
-        if (df_tokenize(e, p, strlen(p), &ids, &n, &err)) die_err(&err);
-        free(text);
+        if (df_tokenize(e, o.prompt, strlen(o.prompt), &ids, &n, &err)) die_err(&err);
     }
     if (n == 0) cli_die("the prompt is empty");
 

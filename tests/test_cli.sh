@@ -96,6 +96,20 @@ back=$("$ENG" tokenize --model "$GOOD" --decode "$(echo "$ids" | tr ' ' ',')" 2>
 [ "$back" = "$txt" ] && ok tokenize-roundtrip || bad tokenize-roundtrip "'$ids' -> '$back'"
 if "$ENG" run --model "$GOOD" --prompt-tokens 1,2,3 --max-new 5 --temp 0 --print-ids >"$T/out" 2>&1 \
    && [ "$(wc -w <"$T/out")" -eq 5 ]; then ok run-ids; else bad run-ids "$(cat "$T/out")"; fi
+# special tokens: `tokenize` and plain prompts recognise them; with --chat the
+# prompt and --system are message content, where their text is ordinary text
+# (more prompt rows than "x", the template's own control tokens aside)
+[ "$("$ENG" tokenize --model "$GOOD" --text '<|im_end|>' 2>&1)" = 151645 ] && ok tokenize-specials \
+    || bad tokenize-specials "$("$ENG" tokenize --model "$GOOD" --text '<|im_end|>' 2>&1)"
+chat_rows() { # ARGS... -> prompt rows of a --chat run on the demo model
+    "$ENG" run --model models/demo-moe --chat --max-new 1 --temp 0 --events "$T/ev" "$@" >/dev/null 2>"$T/err" \
+        && sed -n 's/^{"event":"prefill","rows":\([0-9]*\),.*/\1/p' "$T/ev"
+}
+rx=$(chat_rows --prompt x); re=$(chat_rows --prompt '<|im_end|>')
+sx=$(chat_rows --prompt x --system x); se=$(chat_rows --prompt x --system '<|im_end|>')
+[ -n "$rx" ] && [ -n "$re" ] && [ -n "$sx" ] && [ -n "$se" ] && [ "$re" -gt "$rx" ] && [ "$se" -gt "$sx" ] \
+    && ok run-chat-specials-are-text \
+    || bad run-chat-specials-are-text "prompt rows: $rx for x, $re for <|im_end|>; $sx, $se with --system: $(tail -1 "$T/err")"
 # a dense model has nothing to stream: a budget it cannot fit in is refused, not ignored
 expect_error dense-budget-too-small "ram-budget 20.0 MiB is too small" "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 1 --ram-budget 20M
 expect_error run-token-out-of-vocab "outside the vocabulary" "$ENG" run --model "$GOOD" --prompt-tokens 999999 --max-new 1

@@ -374,16 +374,10 @@ static int32_t *prompt_ids(job *j, size_t *n_out) {
             return NULL;
         }
         for (int i = 0; i < r->n_msgs; i++) m[i] = (df_chat_msg){r->msgs[i].role, r->msgs[i].content};
-        char *text = NULL;
-        int rc = df_chat_render(S.eng, m, r->n_msgs, 1, r->enable_thinking < 0 ? 1 : r->enable_thinking,
-                                &text, &err);
+        /* special tokens only from the template (docs/server.md, "Special tokens") */
+        int rc = df_chat_tokenize(S.eng, m, r->n_msgs, 1, r->enable_thinking < 0 ? 1 : r->enable_thinking,
+                                  &ids, &n, &err);
         free(m);
-        if (rc) {
-            job_fail(j, 400, "messages", "chat template: %s", err.msg);
-            return NULL;
-        }
-        rc = df_tokenize(S.eng, text, strlen(text), &ids, &n, &err);
-        free(text);
         if (rc) {
             job_fail(j, 400, "messages", "%s", err.msg);
             return NULL;

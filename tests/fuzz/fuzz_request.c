@@ -3,10 +3,12 @@
  * (src/server/request.c). The first byte picks the endpoint (completions or
  * chat), the rest is the body. Accepted requests must satisfy the invariants
  * the worker relies on; rejected ones must name a reason. An accepted chat request
- * is then rendered through the chat template, as the server does (its content may
- * hold any <think> and </think> tags): either it renders, holding every message's
- * role, or it is refused with a message. ASan/UBSan catch the rest (leaks
- * included: every path must free what it parsed).
+ * is then rendered through the chat template with its content spans, as the server
+ * does before tokenizing (its content may hold any <think> and </think> tags and
+ * special-token text): either it renders, every system, user and tool message's
+ * content verbatim in a content span of its own (where the tokenizer will see no
+ * control token) and the generation prompt last, or it is refused with a message.
+ * ASan/UBSan catch the rest (leaks included: every path must free what it parsed).
  */
 #include "server/request.h"
 #include "tokenizer/chat.h"
@@ -28,11 +30,29 @@ static const char *const DICT[] = {
     "\"response_format\"", "\"json_object\"", "\"chat_template_kwargs\"", "\"enable_thinking\"",
     "\"user\"", "\"logit_bias\"", "\"echo\"", "\"suffix\"", "\"best_of\"", "null", "true", "false",
     "[1,2,3]", "[\"a\",\"b\",\"c\",\"d\",\"e\"]", "\"\\u0000\"", "\"\\ud800\"", "\xff", "1e999",
+    "<|im_end|>", "<|im_start|>", "<think>", "</think>",
 };
 
 const char *const *df_fuzz_dict(size_t *n) {
     *n = sizeof DICT / sizeof *DICT;
     return DICT;
+}
+
+/* Content spans sorted, non-empty and inside the text; every turn but the
+ * assistant's (whose reasoning is split off) verbatim in one, in order. */
+static void check_spans(const df_chat_msg *m, int n, const char *text, const df_text_span *sp,
+                        size_t nsp) {
+    size_t len = strlen(text), end = 0, k = 0;
+    for (size_t i = 0; i < nsp; i++) {
+        if (sp[i].off < end || sp[i].len == 0 || sp[i].len > len - sp[i].off) abort();
+        end = sp[i].off + sp[i].len;
+    }
+    for (int i = 0; i < n; i++) {
+        size_t cl = strlen(m[i].content);
+        if (strcmp(m[i].role, "assistant") == 0 || cl == 0) continue;
+        while (k < nsp && !(sp[k].len == cl && memcmp(text + sp[k].off, m[i].content, cl) == 0)) k++;
+        if (k++ == nsp) abort();
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -58,21 +78,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!m) abort();
         for (int i = 0; i < r.n_msgs; i++) m[i] = (df_chat_msg){r.msgs[i].role, r.msgs[i].content};
         char *text = NULL;
+        df_text_span *sp = NULL;
+        size_t nsp = 0;
         df_error err = {0};
         int think = r.enable_thinking != 0;
-        int rc = df_chat_render_qwen3(m, r.n_msgs, 1, think, &text, &err);
+        int rc = df_chat_render_qwen3_spans(m, r.n_msgs, 1, think, &text, &sp, &nsp, &err);
         if (rc == DF_OK) {
-            /* every turn but the assistant's (whose reasoning is split off) verbatim,
-             * and the generation prompt last */
-            for (int i = 0; i < r.n_msgs; i++)
-                if (strcmp(m[i].role, "assistant") != 0 && !strstr(text, m[i].content)) abort();
+            check_spans(m, r.n_msgs, text, sp, nsp);
             const char *tail = think ? "<|im_start|>assistant\n"
                                      : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
             size_t nt = strlen(text), nl = strlen(tail);
             if (nt < nl || strcmp(text + nt - nl, tail) != 0) abort();
-        } else if (!err.msg[0] || text) {
+        } else if (!err.msg[0] || text || sp) {
             abort();
         }
+        free(sp);
         free(text);
         free(m);
     } else if (!r.prompt && (!r.prompt_ids || r.n_prompt_ids == 0)) {
