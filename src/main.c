@@ -419,7 +419,7 @@ static const char RUN_HELP[] =
     "                       is read once per chunk (default 512)\n"
     "  --print-ids          print generated token ids instead of text\n"
     "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
-    "                       comma-separated directories, one per drive\n"
+    "                       comma-separated directories, one per drive, none empty\n"
     "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G): the expert cache\n"
     "                       gets what the always-active weights and context leave; without\n"
     "                       --experts, experts stream from the safetensors (page cache)\n"

@@ -149,6 +149,11 @@ for e in "--ctx 4 --max-new 1 --chunk 1 --threads 1" "--ctx 512 --max-new 2 --ch
     ids_of $e >/dev/null || { edges_ok=0; bad "range-edge $e" "$(head -c 300 "$T/err")"; }
 done
 [ $edges_ok -eq 1 ] && ok range-edges-run
+# --experts names directories: an empty list or entry is refused, run and serve alike
+expect_error experts-empty "--experts '' names no directory" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --experts ""
+expect_error experts-commas "--experts ',,,' names no directory" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --experts ",,,"
+expect_error experts-empty-serve "--experts '' names no directory" \
+    timeout 30 "$ENG" serve --model "$MOE" --port $SPORT --experts ""
 
 # prefetch options: checked values, and the per-layer report under --stats
 MOE=$MODELS/engine-moe
@@ -199,6 +204,9 @@ if "$ENG" pack --model "$MOE" --out "$T/pack" >"$T/pack.out" 2>&1; then
 else
     bad spec-pack "$(tail -3 "$T/pack.out")"
 fi
+# an empty entry in a list of real pack directories is refused too, not skipped
+expect_error experts-empty-entry "--experts '$T/pack,': directory 2 of the list is empty" \
+    "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/pack,"
 expect_error spec-vocab-mismatch "vocabulary of 512 tokens" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 2 --draft "$MODELS/draft-v512"
 copy_model; $PY - "$T/m/tokenizer.json" <<'PYEOF'
 import json, sys
