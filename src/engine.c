@@ -802,7 +802,9 @@ int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
         free(s);
         return rc;
     }
-    s->buf = df_fwd_buf_new(&e->model, e->chunk, max_ctx);
+    /* no pass evaluates more rows than the context holds: a larger chunk's
+     * buffers would never be used */
+    s->buf = df_fwd_buf_new(&e->model, e->chunk < max_ctx ? e->chunk : max_ctx, max_ctx);
     if (e->replay) df_fwd_buf_set_route(s->buf, replay_route, s);
     *out = s;
     return DF_OK;

@@ -416,7 +416,7 @@ static const char RUN_HELP[] =
     "                       4096), without --ram-budget grown to fit the prompt and --max-new)\n"
     "  --isa PATH           kernel path: auto, avx512, avx2, c\n"
     "  --chunk N            prompt rows evaluated together, layer by layer, so each expert\n"
-    "                       is read once per chunk (default 512)\n"
+    "                       is read once per chunk (1..65536, default 512; at most --ctx)\n"
     "  --print-ids          print generated token ids instead of text\n"
     "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
     "                       comma-separated directories, one per drive, none empty\n"
