@@ -45,10 +45,10 @@ typedef struct df_engine_opts {
     int n_threads;         /* 0 = number of online CPUs */
     const char *isa;       /* NULL/"auto", "avx512", "avx2" or "c": kernel path */
     /* Expert streaming. experts: comma-separated pack directories (one per
-     * drive), or NULL. ram_budget: bytes the whole process may keep resident,
-     * 0 = unlimited. With a budget and no pack, experts stream from the
-     * safetensors files (buffered reads through the page cache). Without
-     * either, the whole checkpoint is used in place (memory-mapped). */
+     * drive, none empty), or NULL. ram_budget: bytes the whole process may
+     * keep resident, 0 = unlimited. With a budget and no pack, experts stream
+     * from the safetensors files (buffered reads through the page cache).
+     * Without either, the whole checkpoint is used in place (memory-mapped). */
     const char *experts;
     uint64_t ram_budget;
     int context;           /* context length sessions will use (for the budget);

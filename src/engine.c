@@ -387,9 +387,29 @@ static void replay_route(void *user, int layer, int row, int *ids) {
     for (int k = 0; k < t->top_k; k++) ids[k] = src[k];
 }
 
+/* An --experts list names every directory: an empty one (or an empty list)
+ * would otherwise be skipped, and a list with nothing in it run from the
+ * safetensors without a word. */
+static int check_experts(const char *list, df_error *err) {
+    if (!list) return DF_OK;
+    if (!list[strspn(list, ",")])
+        return df_fail(err, DF_ERR_ARG,
+                       "--experts '%s' names no directory: give the expert pack's directories, "
+                       "comma-separated", list);
+    const char *p = list;
+    for (int i = 1;; i++) {
+        size_t len = strcspn(p, ",");
+        if (!len) return df_fail(err, DF_ERR_ARG, "--experts '%s': directory %d of the list is empty", list, i);
+        if (!p[len]) return DF_OK;
+        p += len + 1;
+    }
+}
+
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     *out = NULL;
     if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
+    int rc = check_experts(opts->experts, err);
+    if (rc) return rc;
     df_isa isa = df_isa_detect();
     if (opts->isa && *opts->isa) {
         int want = df_isa_from_name(opts->isa);
@@ -412,7 +432,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         return df_fail(err, DF_ERR_ARG, "prefill chunk %d is out of range (1..65536)", opts->prefill_chunk);
     df_engine *e = df_xcalloc(1, sizeof *e);
     e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
-    int rc = df_model_load(&e->model, opts->model_dir, err);
+    rc = df_model_load(&e->model, opts->model_dir, err);
     if (rc) {
         free(e);
         return rc;
@@ -788,7 +808,9 @@ int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
         free(s);
         return rc;
     }
-    s->buf = df_fwd_buf_new(&e->model, e->chunk, max_ctx);
+    /* no pass evaluates more rows than the context holds: a larger chunk's
+     * buffers would never be used */
+    s->buf = df_fwd_buf_new(&e->model, e->chunk < max_ctx ? e->chunk : max_ctx, max_ctx);
     if (e->replay) df_fwd_buf_set_route(s->buf, replay_route, s);
     *out = s;
     return DF_OK;

@@ -174,6 +174,8 @@ static df_engine *open_engine(const opts *o) {
     if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) die_err(&err);
     df_engine *e;
     if (df_engine_open(&e, &eo, &err)) die_err(&err);
+    int max = df_engine_info(e)->max_context;
+    if (o->ctx > max) cli_die("--ctx %d exceeds the model's context of %d tokens", o->ctx, max);
     return e;
 }
 
@@ -402,18 +404,22 @@ static const char RUN_HELP[] =
     "  --chat               wrap the prompt as a user turn in the model's chat template\n"
     "  --system TEXT        system message (with --chat)\n"
     "  --no-think           chat: disable thinking (Qwen3 enable_thinking=false)\n"
-    "  --max-new N          at most N new tokens (default 128); stops early at end-of-turn/EOS\n"
+    "  --max-new N          at most N new tokens (default 128); 0: no limit. Generation also\n"
+    "                       ends at end-of-turn/EOS, or when the context is full (said on\n"
+    "                       stderr); each is a normal end, exit status 0\n"
     "  --temp T             temperature; 0 = greedy (default: generation_config.json, else 0)\n"
     "  --top-k K --top-p P --min-p P --repeat-penalty R --repeat-last-n N\n"
     "  --seed S             random seed (same seed, same output)\n"
-    "  --threads N          compute threads (default: all CPUs)\n"
-    "  --ctx N              context length to allocate (default: min(model max, 4096))\n"
+    "  --threads N          compute threads (1..256, default: all CPUs)\n"
+    "  --ctx N              context length to allocate: it holds the prompt and every new\n"
+    "                       token, at most the model's maximum (default: min(model max,\n"
+    "                       4096), without --ram-budget grown to fit the prompt and --max-new)\n"
     "  --isa PATH           kernel path: auto, avx512, avx2, c\n"
     "  --chunk N            prompt rows evaluated together, layer by layer, so each expert\n"
-    "                       is read once per chunk (default 512)\n"
+    "                       is read once per chunk (1..65536, default 512; at most --ctx)\n"
     "  --print-ids          print generated token ids instead of text\n"
     "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
-    "                       comma-separated directories, one per drive\n"
+    "                       comma-separated directories, one per drive, none empty\n"
     "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G): the expert cache\n"
     "                       gets what the always-active weights and context leave; without\n"
     "                       --experts, experts stream from the safetensors (page cache)\n"
@@ -480,6 +486,57 @@ static void emit_token(const df_engine *e, df_text_stream *ts, int32_t t, bool f
     }
 }
 
+/* The prompt's token ids (*n of them, at least one): --prompt-tokens,
+ * --random-prompt or --prompt's text (a chat turn with --chat). */
+static int32_t *run_prompt(const opts *o, df_engine *e, size_t *n) {
+    int32_t *ids = NULL;
+    df_error err;
+    *n = 0;
+    if (o->prompt_tokens) {
+        int k;
+        ids = parse_ids("--prompt-tokens", o->prompt_tokens, &k);
+        *n = (size_t)k;
+    } else if (o->random_prompt) {
+        *n = (size_t)o->random_prompt;
+        ids = malloc(sizeof(int32_t) * *n);
+        uint64_t r = (uint64_t)(o->prompt_seed ? o->prompt_seed : 1) * 0x9E3779B97F4A7C15ull;
+        for (size_t i = 0; i < *n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((r >> 33) % (uint64_t)df_engine_info(e)->vocab_size);
+        }
+    } else if (o->chat) {
+        /* the prompt and system text are message content: special-token text in
+         * them stays text */
+        df_chat_msg msgs[2];
+        int nm = 0;
+        if (o->system) msgs[nm++] = (df_chat_msg){"system", o->system};
+        msgs[nm++] = (df_chat_msg){"user", o->prompt};
+        if (df_chat_tokenize(e, msgs, nm, 1, o->think, &ids, n, &err)) die_err(&err);
+    } else {
+        if (df_tokenize(e, o->prompt, strlen(o->prompt), &ids, n, &err)) die_err(&err);
+    }
+    if (*n == 0) cli_die("the prompt is empty");
+    return ids;
+}
+
+/* The session's context for a prompt of n tokens; it holds the prompt and
+ * every new token. --ctx is taken as given (open_engine checked it against the
+ * model). Unset, it is min(model maximum, 4096), as a --ram-budget was sized
+ * for, and without a budget grows up to the model's maximum to hold --max-new
+ * tokens after a long prompt. */
+static int run_context(const opts *o, const df_model_info *info, size_t n) {
+    int max = info->max_context, ctx = o->ctx ? o->ctx : (max < 4096 ? max : 4096);
+    if (!o->ctx && !o->ram_budget) {
+        size_t want = n + (o->max_new ? (size_t)o->max_new : 1);
+        if (want > (size_t)ctx) ctx = want < (size_t)max ? (int)want : max;
+    }
+    if (n < (size_t)ctx) return ctx;
+    if (ctx < max || o->ctx)
+        cli_die("the prompt of %zu tokens leaves no room for a new token in the %d-token context (--ctx)", n,
+                ctx);
+    cli_die("the prompt of %zu tokens leaves no room for a new token in the model's %d-token context", n, max);
+}
+
 static int cmd_run(int argc, char **argv) {
     opts o;
     parse(&o, argc, argv,
@@ -507,37 +564,9 @@ static int cmd_run(int argc, char **argv) {
     const df_model_info *info = df_engine_info(e);
     df_error err;
 
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (o.prompt_tokens) {
-        int k;
-        ids = parse_ids("--prompt-tokens", o.prompt_tokens, &k);
-        n = (size_t)k;
-    } else if (o.random_prompt) {
-        n = (size_t)o.random_prompt;
-        ids = malloc(sizeof(int32_t) * n);
-        uint64_t r = (uint64_t)(o.prompt_seed ? o.prompt_seed : 1) * 0x9E3779B97F4A7C15ull;
-        for (size_t i = 0; i < n; i++) {
-            r = r * 6364136223846793005ull + 1442695040888963407ull;
-            ids[i] = (int32_t)((r >> 33) % (uint64_t)info->vocab_size);
-        }
-    } else if (o.chat) {
-        /* the prompt and system text are message content: special-token text in
-         * them stays text */
-        df_chat_msg msgs[2];
-        int nm = 0;
-        if (o.system) msgs[nm++] = (df_chat_msg){"system", o.system};
-        msgs[nm++] = (df_chat_msg){"user", o.prompt};
-        if (df_chat_tokenize(e, msgs, nm, 1, o.think, &ids, &n, &err)) die_err(&err);
-    } else {
-        if (df_tokenize(e, o.prompt, strlen(o.prompt), &ids, &n, &err)) die_err(&err);
-    }
-    if (n == 0) cli_die("the prompt is empty");
-
-    int ctx = o.ctx ? o.ctx : (info->max_context < 4096 ? info->max_context : 4096);
-    if ((size_t)ctx < n + 1) ctx = (int)n + 1;
-    if (ctx > info->max_context)
-        cli_die("prompt of %zu tokens does not fit the model's %d-token context", n, info->max_context);
+    size_t n;
+    int32_t *ids = run_prompt(&o, e, &n);
+    int ctx = run_context(&o, info, n);
     df_session *s;
     if (df_session_new(&s, e, ctx, &err)) die_err(&err);
     /* The model authors' recommended sampling applies unless overridden. */
@@ -549,7 +578,9 @@ static int cmd_run(int argc, char **argv) {
 
     int V = info->vocab_size;
     float *logits = malloc(sizeof(float) * (size_t)V);
-    int32_t *hist = malloc(sizeof(int32_t) * (n + (size_t)o.max_new + 1));
+    /* --max-new 0: no limit but the context's */
+    int room = ctx - (int)n, limit = o.max_new && o.max_new < room ? o.max_new : room;
+    int32_t *hist = malloc(sizeof(int32_t) * (n + (size_t)limit));
     memcpy(hist, ids, n * sizeof(int32_t));
     size_t nh = n;
     FILE *ev = NULL;
@@ -587,6 +618,7 @@ static int cmd_run(int argc, char **argv) {
     uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
     int32_t got[17];
     int ng = 1, produced = 0;
+    bool stopped = false;
     got[0] = df_sampler_sample(smp, logits, V, hist, (int)nh);
     for (;;) {
         bool done = false;
@@ -599,17 +631,15 @@ static int cmd_run(int argc, char **argv) {
             hist[nh++] = t;
             emit_token(e, &ts, t, produced == 0, o.print_ids);
             produced++;
-            if ((df_is_stop_token(e, t) && !o.teacher_seed) || produced == o.max_new) done = true;
+            stopped = df_is_stop_token(e, t) && !o.teacher_seed;
+            done = stopped || produced == limit;
         }
         fflush(stdout);
         if (done) break;
-        if ((int)nh > ctx) {
-            fprintf(stderr, "\ndeltafin: context of %d tokens is full\n", ctx);
-            break;
-        }
+        /* produced < limit: the step's tokens fit the history and the context */
         double ts0 = now_s();
         if (sp) {
-            if (df_spec_step(sp, s, smp, hist, (int)nh, got, o.max_new - produced, &ng, &err)) die_err(&err);
+            if (df_spec_step(sp, s, smp, hist, (int)nh, got, limit - produced, &ng, &err)) die_err(&err);
         } else {
             if (df_session_eval(s, &hist[nh - 1], 1, logits, 0, &err)) die_err(&err);
             got[0] = df_sampler_sample(smp, logits, V, hist, (int)nh);
@@ -628,6 +658,10 @@ static int cmd_run(int argc, char **argv) {
     }
     if (!g_bench) printf("\n");
     fflush(stdout);
+    if (!stopped && produced == room && (!o.max_new || o.max_new > room))
+        fprintf(stderr, "deltafin: %s of %d tokens is full after %d new token%s\n",
+                ctx < info->max_context ? "the context (--ctx)" : "the model's context", ctx, produced,
+                produced == 1 ? "" : "s");
     if (o.stats || ev) {
         report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
         summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
@@ -727,13 +761,15 @@ static int cmd_logits(int argc, char **argv) {
              "row to FILE as little-endian float32 [T][vocab]. --batch N feeds the tokens N\n"
              "at a time (the results must not depend on it). --experts DIRS and --ram-budget\n"
              "SIZE stream the routed experts as in `deltafin run`; --replay-routing TRACE\n"
-             "replays a routing trace as there (tests).");
+             "replays a routing trace as there (tests). --ctx N (at least the number of\n"
+             "tokens, at most the model's context) is the context a --ram-budget holds.");
         return 0;
     }
     if (!o.tokens || !o.out) cli_die("--tokens and --out are required");
     int n;
     int32_t *ids = parse_ids("--tokens", o.tokens, &n);
     if (!o.ctx) o.ctx = n;
+    else if (o.ctx < n) cli_die("--ctx %d is less than the %d tokens of --tokens", o.ctx, n);
     df_engine *e = open_engine(&o);
     const df_model_info *info = df_engine_info(e);
     if (n > info->max_context) cli_die("%d tokens exceed the model's context of %d", n, info->max_context);

@@ -114,6 +114,61 @@ sx=$(chat_rows --prompt x --system x); se=$(chat_rows --prompt x --system '<|im_
 expect_error dense-budget-too-small "ram-budget 20.0 MiB is too small" "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 1 --ram-budget 20M
 expect_error run-token-out-of-vocab "outside the vocabulary" "$ENG" run --model "$GOOD" --prompt-tokens 999999 --max-new 1
 
+# ---- count options: the context holds the prompt and every new token
+MOE=$MODELS/engine-moe # a 512-token context
+SPORT=$((19000 + $$ % 1000)) # serve tests that must fail before listening
+ids_of() { "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --temp 0 --print-ids "$@" 2>"$T/err"; }
+# --max-new 0: until a stop token or the context is full (said on stderr), plain and speculative alike
+a=$(ids_of --max-new 0 --ctx 8); rc=$?
+b=$(ids_of --max-new 0 --ctx 8 --draft lookup --draft-k 16 --lookup-n 16); rcb=$?
+[ $rc -eq 0 ] && [ $rcb -eq 0 ] && [ "$(echo "$a" | wc -w)" -eq 5 ] && [ "$a" = "$b" ] \
+    && grep -q "context (--ctx) of 8 tokens is full after 5 new tokens" "$T/err" && ok max-new-0-until-ctx \
+    || bad max-new-0-until-ctx "exit $rc/$rcb: '$a' / '$b' $(head -c 300 "$T/err")"
+# --max-new beyond the room (and --draft-k beyond it): the context's 5 tokens
+a=$(ids_of --max-new 16777216 --ctx 8); rc=$?
+b=$(ids_of --max-new 100 --ctx 8 --draft lookup --draft-k 16 --lookup-n 1)
+[ $rc -eq 0 ] && [ "$(echo "$a" | wc -w)" -eq 5 ] && [ "$a" = "$b" ] && ok max-new-beyond-ctx \
+    || bad max-new-beyond-ctx "'$a' / '$b' $(head -c 300 "$T/err")"
+[ "$(ids_of --max-new 5 --ctx 8 | wc -w)" -eq 5 ] && [ ! -s "$T/err" ] && ok max-new-fits-ctx-quietly \
+    || bad max-new-fits-ctx-quietly "$(head -c 300 "$T/err")"
+expect_error ctx-no-room "prompt of 3 tokens leaves no room for a new token in the 3-token context \\(--ctx\\)" \
+    "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --ctx 3
+expect_error ctx-1 "leaves no room for a new token in the 1-token context \\(--ctx\\)" \
+    "$ENG" run --model models/demo-moe --prompt hi --ctx 1
+expect_error prompt-fills-model-ctx "512 tokens leaves no room for a new token in the model's 512-token context" \
+    "$ENG" run --model "$MOE" --random-prompt 512
+for c in "run --prompt-tokens 1" "logits --tokens 1 --out $T/lg"; do
+    expect_error "ctx-above-model-${c%% *}" "--ctx 513 exceeds the model's context of 512 tokens" \
+        "$ENG" $c --model "$MOE" --ctx 513
+done
+expect_error ctx-above-model-serve "--ctx 513 exceeds the model's context of 512 tokens" \
+    timeout 30 "$ENG" serve --model "$MOE" --port $SPORT --ctx 513
+expect_error logits-ctx-below-tokens "--ctx 2 is less than the 3 tokens of --tokens" \
+    "$ENG" logits --model "$MOE" --tokens 1,2,3 --out "$T/lg" --ctx 2
+# each out-of-range value refused by name; the edges in range work (--draft-k 16 and
+# --lookup-n 16 above, with less room than that)
+for ov in "max-new -1 16777217 99999999999" "ctx 0 -1 99999999999" "draft-k 0 17 99999999999" \
+          "lookup-n 0 17 -3" "chunk 0 65537 99999999999" "threads 0 257 99999999999"; do
+    o=${ov%% *}
+    for v in ${ov#* }; do
+        d=(); case $o in draft-k|lookup-n) d=(--draft lookup) ;; esac
+        expect_error "range-$o-$v" "^deltafin: --$o expects an integer in" "$ENG" run --model "$MOE" \
+            --prompt-tokens 1 "${d[@]}" --$o "$v"
+    done
+done
+edges_ok=1
+for e in "--ctx 4 --max-new 1 --chunk 1 --threads 1" "--ctx 512 --max-new 2 --chunk 65536 --threads 256" \
+         "--max-new 3 --draft lookup --draft-k 1 --lookup-n 1"; do
+    # shellcheck disable=SC2086
+    ids_of $e >/dev/null || { edges_ok=0; bad "range-edge $e" "$(head -c 300 "$T/err")"; }
+done
+[ $edges_ok -eq 1 ] && ok range-edges-run
+# --experts names directories: an empty list or entry is refused, run and serve alike
+expect_error experts-empty "--experts '' names no directory" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --experts ""
+expect_error experts-commas "--experts ',,,' names no directory" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --experts ",,,"
+expect_error experts-empty-serve "--experts '' names no directory" \
+    timeout 30 "$ENG" serve --model "$MOE" --port $SPORT --experts ""
+
 # prefetch options: checked values, and the per-layer report under --stats
 MOE=$MODELS/engine-moe
 expect_error prefetch-bad-mode "unknown prefetch mode 'sometimes'" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --ram-budget 400M --prefetch sometimes
@@ -163,6 +218,9 @@ if "$ENG" pack --model "$MOE" --out "$T/pack" >"$T/pack.out" 2>&1; then
 else
     bad spec-pack "$(tail -3 "$T/pack.out")"
 fi
+# an empty entry in a list of real pack directories is refused too, not skipped
+expect_error experts-empty-entry "--experts '$T/pack,': directory 2 of the list is empty" \
+    "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/pack,"
 expect_error spec-vocab-mismatch "vocabulary of 512 tokens" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 2 --draft "$MODELS/draft-v512"
 copy_model; $PY - "$T/m/tokenizer.json" <<'PYEOF'
 import json, sys

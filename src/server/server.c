@@ -65,8 +65,9 @@ static const char SERVE_HELP[] =
     "  --api-key KEY        require 'Authorization: Bearer KEY' (all but /health)\n"
     "  --insecure-bind      allow a non-loopback --host without --api-key\n"
     "  --max-body BYTES     largest request body (default 1M); larger gets 413\n"
-    "  --ctx N              context length of the session (default: min(model max, 4096))\n"
-    "  --threads N          compute threads (default: all CPUs)\n"
+    "  --ctx N              context length of the session: a request's prompt and\n"
+    "                       max_tokens must fit (2..model max, default: min(model max, 4096))\n"
+    "  --threads N          compute threads (1..256, default: all CPUs)\n"
     "  --isa PATH           kernel path: auto, avx512, avx2, c\n"
     "  --experts DIRS       stream routed experts from an expert pack\n"
     "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G)\n"
@@ -1169,6 +1170,12 @@ int df_serve_main(int argc, char **argv) {
     if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) return start_failed(&err);
     if (df_engine_open(&S.eng, &eo, &err)) return start_failed(&err);
     S.info = df_engine_info(S.eng);
+    if (o->ctx > S.info->max_context) { /* as `deltafin run` does: a context the model cannot use */
+        fprintf(stderr, "deltafin: --ctx %d exceeds the model's context of %d tokens\n", o->ctx,
+                S.info->max_context);
+        df_engine_close(S.eng);
+        return CLI_EXIT_BAD;
+    }
     if (o->draft) {
         df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .lookup_n = o->lookup_n,
                            .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed,
@@ -1180,7 +1187,6 @@ int df_serve_main(int argc, char **argv) {
         }
     }
     S.ctx = o->ctx ? o->ctx : (S.info->max_context < 4096 ? S.info->max_context : 4096);
-    if (S.ctx > S.info->max_context) S.ctx = S.info->max_context;
     const char *base = strrchr(o->model, '/');
     base = base && base[1] ? base + 1 : o->model;
     snprintf(S.model_id, sizeof S.model_id, "%s", base);
