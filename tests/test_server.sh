@@ -5,7 +5,8 @@
 # (tests/server). Checks endpoints, SSE framing byte by byte, exactness against
 # `deltafin run --temp 0`, stop strings across token boundaries, prefix reuse,
 # errors (400/401/404/405/413/429), cancellation by disconnect, a bounded load
-# test with an RSS bound, and a clean, leak-free shutdown; at the HTTP level (tests/server/http_edge.py, raw
+# test with an RSS bound, the API key from a file or the environment, and a
+# clean, leak-free shutdown; at the HTTP level (tests/server/http_edge.py, raw
 # sockets): request framing, half-closed clients, the request timeout and the
 # per-address connection limit.
 # Ends with "N passed, N failed"; exits non-zero on any failure.
@@ -27,6 +28,7 @@ trap cleanup EXIT
 . tests/lib.sh
 # A smaller ASan quarantine keeps the RSS measurement about the server itself.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}:quarantine_size_mb=16"
+unset DELTAFIN_API_KEY # the servers below require a key only where they say so
 
 MODEL=$T/model
 $PY tools/gen_checkpoint.py --out "$MODEL" --arch qwen3_moe --vocab 151936 --hidden 64 --intermediate 128 \
@@ -348,14 +350,46 @@ kill "$slowc" 2>/dev/null; wait "$slowc" 2>/dev/null
 "$ENG" serve --model "$MODEL" --host 0.0.0.0 --port "$PORT2" >"$T/bind.out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--api-key" "$T/bind.out" && ok refuse-public-bind || bad refuse-public-bind "$(cat "$T/bind.out")"
 
+# ---- the API key from a file or the environment (on the command line, ps shows it)
 PORT5=$((PORT + 3000))
+# key_check NAME KEY: the server $SPID on $PORT5 answers 401 without the key, 200
+# with it, and its command line does not hold the key
+key_check() {
+    local name=$1 key=$2 u=http://127.0.0.1:$PORT5/v1/models a b
+    a=$(curl -s -o /dev/null -w '%{http_code}' "$u")
+    b=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $key" "$u")
+    if [ "$a" = 401 ] && [ "$b" = 200 ] && ! tr '\0' ' ' <"/proc/$SPID/cmdline" | grep -q "$key"; then ok "$name"
+    else bad "$name" "without the key $a, with it $b, command line: $(tr '\0' ' ' <"/proc/$SPID/cmdline")"; fi
+}
+export DELTAFIN_API_KEY=envkey
+if start_server "$T/s6.log" "$PORT5"; then
+    key_check auth-key-env envkey
+    kill -TERM "$SPID"; wait "$SPID"
+    PIDS=("${PIDS[@]/$SPID}")
+else
+    bad auth-key-env "did not start"
+fi
+unset DELTAFIN_API_KEY
+printf 'filekey\n' >"$T/key"
+: >"$T/empty-key"
+expect_error auth-key-file-missing "cannot open '.*/no-such-key'" "$ENG" serve --model "$MODEL" --api-key-file "$T/no-such-key"
+expect_error auth-key-file-empty "'.*/empty-key' is empty" "$ENG" serve --model "$MODEL" --api-key-file "$T/empty-key"
+expect_error auth-key-twice "both given" "$ENG" serve --model "$MODEL" --api-key k --api-key-file "$T/key"
+expect_error auth-key-env-empty "DELTAFIN_API_KEY is set but empty" \
+    timeout 20 env DELTAFIN_API_KEY= "$ENG" serve --model "$MODEL" --port "$PORT5"
+"$ENG" serve --help >"$T/help"
+grep -q -- '--api-key-file PATH' "$T/help" && grep -q DELTAFIN_API_KEY "$T/help" && grep -q '(ps' "$T/help" \
+    && ok auth-key-help || bad auth-key-help "$(grep -A2 -- --api-key "$T/help")"
+
 # ---- slow clients: a request must arrive whole within --request-timeout, and
 # one address holds at most --max-conns-per-ip connections (300 trickling ones
-# from 127.0.0.2, more than the 256 the server holds in all, lock no one out)
-if start_server "$T/s5.log" "$PORT5" --ctx 4096 --request-timeout 2 --max-conns-per-ip 4; then
+# from 127.0.0.2, more than the 256 the server holds in all, lock no one out);
+# this server takes its API key from a file
+if start_server "$T/s5.log" "$PORT5" --ctx 4096 --request-timeout 2 --max-conns-per-ip 4 --api-key-file "$T/key"; then
     S5=$SPID
-    edge slow-clients slow "$PORT5" 2 4
-    curl -s "http://127.0.0.1:$PORT5/metrics" >"$T/metrics5"
+    key_check auth-key-file filekey
+    edge slow-clients slow "$PORT5" 2 4 filekey
+    curl -s -H 'Authorization: Bearer filekey' "http://127.0.0.1:$PORT5/metrics" >"$T/metrics5"
     grep -q 'reason="per_address_limit"} 296$' "$T/metrics5" && ok metrics-connections-closed \
         || bad metrics-connections-closed "$(grep connections_closed "$T/metrics5")"
     kill -TERM "$S5"; rc5=0; wait "$S5" || rc5=$?

@@ -43,11 +43,12 @@
 #define WAIT_SLICE_MS 20 /* how often a waiting connection looks at its socket */
 #define PREFILL_CHUNK 256 /* prompt rows per eval, so cancellation is seen during long prefills */
 #define MAX_CONNS 256     /* connections held at once */
+#define API_KEY_ENV "DELTAFIN_API_KEY"
 
 /* ---- options ---------------------------------------------------------------- */
 
 typedef struct srv_opts {
-    const char *model, *experts, *isa, *policy, *host, *api_key, *prefetch, *draft;
+    const char *model, *experts, *isa, *policy, *host, *api_key, *api_key_file, *prefetch, *draft;
     uint64_t ram_budget, pin, expert_cache, max_body;
     int threads, ctx, port, queue, prefetch_depth, draft_k, lookup_n, draft_fixed;
     int request_timeout, max_per_ip;
@@ -65,8 +66,13 @@ static const char SERVE_HELP[] =
     "  --port N             TCP port (default 8080)\n"
     "  --queue N            requests that may wait behind the running one (default 8);\n"
     "                       beyond that the answer is 429 with Retry-After\n"
-    "  --api-key KEY        require 'Authorization: Bearer KEY' (all but /health)\n"
-    "  --insecure-bind      allow a non-loopback --host without --api-key\n"
+    "  --api-key-file PATH  require 'Authorization: Bearer KEY' (all but /health), KEY\n"
+    "                       being the first line of PATH; without this option or\n"
+    "                       --api-key, the environment variable " API_KEY_ENV " is the key\n"
+    "                       if set\n"
+    "  --api-key KEY        the same with KEY given here, where every local user can\n"
+    "                       read it (ps, /proc): prefer the file or the environment\n"
+    "  --insecure-bind      allow a non-loopback --host without an API key\n"
     "  --max-body BYTES     largest request body (default 1M); larger gets 413\n"
     "  --request-timeout S  a request (headers and body) must arrive whole within S\n"
     "                       seconds of connecting (default 30), else it is closed\n"
@@ -92,6 +98,37 @@ static const char SERVE_HELP[] =
     "                       higher acceptance for a draft model, but not the same sample\n"
     "                       for a seed as without --draft)\n";
 
+/* The first line of the key file, without its line end. Read once at start-up. */
+static const char *read_key_file(const char *path) {
+    static char key[4096];
+    FILE *f = fopen(path, "r");
+    if (!f) cli_die("--api-key-file: cannot open '%s': %s", path, strerror(errno));
+    errno = 0;
+    size_t n = fgets(key, sizeof key, f) ? strlen(key) : 0;
+    int err = ferror(f) ? errno : 0;
+    bool whole = n < sizeof key - 1 || key[n - 1] == '\n' || feof(f);
+    fclose(f);
+    if (err) cli_die("--api-key-file: cannot read '%s': %s", path, strerror(err));
+    if (!whole) cli_die("--api-key-file: the first line of '%s' is longer than %zu bytes", path, sizeof key - 2);
+    if (n && key[n - 1] == '\n') key[--n] = 0;
+    if (n && key[n - 1] == '\r') key[--n] = 0;
+    if (!n) cli_die("--api-key-file: the first line of '%s' is empty (it should hold the key)", path);
+    return key;
+}
+
+/* --api-key-file, else --api-key, else the environment (on the command line the
+ * key is visible to every local user). */
+static void resolve_api_key(srv_opts *o) {
+    if (o->api_key && o->api_key_file) cli_die("--api-key and --api-key-file both given: give the key once");
+    if (o->api_key_file) {
+        o->api_key = read_key_file(o->api_key_file);
+    } else if (!o->api_key) {
+        const char *env = getenv(API_KEY_ENV);
+        if (env && !*env) cli_die("%s is set but empty: unset it, or set it to the key", API_KEY_ENV);
+        o->api_key = env;
+    }
+}
+
 static void parse_opts(srv_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -114,7 +151,7 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
             cli_die("--replay-routing is for benchmarks and tests only: the server refuses it "
                 "(its output would not be the model's own)");
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
-                                            "--request-timeout", "--max-conns-per-ip",
+                                            "--api-key-file", "--request-timeout", "--max-conns-per-ip",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
                                             "--ram-budget", "--expert-cache", "--policy", "--pin",
                                             "--prefetch", "--prefetch-depth",
@@ -131,7 +168,8 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) {
             if (!*v) cli_die("--api-key must not be empty");
             o->api_key = v;
-        } else if (!strcmp(a, "--request-timeout")) o->request_timeout = (int)cli_long(a, v, 1, 3600);
+        } else if (!strcmp(a, "--api-key-file")) o->api_key_file = v;
+        else if (!strcmp(a, "--request-timeout")) o->request_timeout = (int)cli_long(a, v, 1, 3600);
         else if (!strcmp(a, "--max-conns-per-ip")) o->max_per_ip = (int)cli_long(a, v, 1, MAX_CONNS);
         else if (!strcmp(a, "--max-body")) o->max_body = cli_size(a, v);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_long(a, v, 2, 1 << 24);
@@ -152,6 +190,7 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
     if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed || o->draft_rejection))
         cli_die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
     if (!o->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
+    resolve_api_key(o);
 }
 
 /* ---- shared state ------------------------------------------------------------ */
@@ -1264,7 +1303,8 @@ int df_serve_main(int argc, char **argv) {
         cli_die("--host expects an IPv4 or IPv6 address, got '%s'", o->host);
     }
     if (!is_loopback((struct sockaddr *)&ss) && !o->api_key && !o->insecure_bind)
-        cli_die("refusing to serve %s without --api-key (add --insecure-bind to do it anyway)", o->host);
+        cli_die("refusing to serve %s without an API key (--api-key-file, %s or --api-key; "
+                "add --insecure-bind to do it anyway)", o->host, API_KEY_ENV);
 
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa, .experts = o->experts,
                          .ram_budget = o->ram_budget, .context = o->ctx, .expert_cache = o->expert_cache,

@@ -5,9 +5,10 @@ clients, the request deadline and the per-address connection limit.
 
     http_edge.py framing PORT
     http_edge.py halfclose PORT
-    http_edge.py slow PORT TIMEOUT PER_IP   (a server started with
-                                             --request-timeout TIMEOUT
-                                             --max-conns-per-ip PER_IP)
+    http_edge.py slow PORT TIMEOUT PER_IP KEY  (a server started with
+                                                --request-timeout TIMEOUT
+                                                --max-conns-per-ip PER_IP
+                                                and the API key KEY)
 
 Prints one line per check, "ok NAME" or "FAIL NAME: why" (read by
 tests/test_server.sh). Clients connect from 127.0.0.1, and from 127.0.0.2 for
@@ -256,12 +257,12 @@ def cut_at_deadline(port, data, timeout, want_408):
     return None
 
 
-def long_answer_kept(port, timeout):
+def long_answer_kept(port, timeout, key):
     """A generation that outlasts the request timeout is not cut: the request
     had arrived."""
     b = b'{"model":"m","prompt":"Tell me a story","max_tokens":2000,"temperature":0,"stream":true}'
     s = connect(port)
-    s.sendall(post_head(b"Content-Length: %d\r\n" % len(b)) + b)
+    s.sendall(post_head(b"Authorization: Bearer %s\r\nContent-Length: %d\r\n" % (key.encode(), len(b))) + b)
     s.settimeout(0.5)
     t0, last, got = time.time(), 0.0, b""
     try:
@@ -354,7 +355,7 @@ def closed_now(s):
         return True
 
 
-def slow(port, timeout, per_ip):
+def slow(port, timeout, per_ip, key):
     def crowd():
         try:
             per_address(port, timeout, per_ip)
@@ -367,7 +368,7 @@ def slow(port, timeout, per_ip):
         ("request-timeout-head", lambda: cut_at_deadline(port, head, timeout, True)),
         ("request-timeout-body", lambda: cut_at_deadline(
             port, post_head(b"Content-Length: %d\r\n" % 200) + b" " * 200, timeout, False)),
-        ("request-timeout-spares-answers", lambda: long_answer_kept(port, timeout)),
+        ("request-timeout-spares-answers", lambda: long_answer_kept(port, timeout, key)),
     ])
     t.join()
 
@@ -379,7 +380,7 @@ def main():
     elif cmd == "halfclose":
         halfclose(port)
     elif cmd == "slow":
-        slow(port, int(sys.argv[3]), int(sys.argv[4]))
+        slow(port, int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         sys.exit(f"unknown check {cmd!r}")
 
