@@ -5,7 +5,10 @@
 # (tests/server). Checks endpoints, SSE framing byte by byte, exactness against
 # `deltafin run --temp 0`, stop strings across token boundaries, prefix reuse,
 # errors (400/401/404/405/413/429), cancellation by disconnect, a bounded load
-# test with an RSS bound, and a clean, leak-free shutdown.
+# test with an RSS bound, the API key from a file or the environment, and a
+# clean, leak-free shutdown; at the HTTP level (tests/server/http_edge.py, raw
+# sockets): request framing, half-closed clients, the request timeout and the
+# per-address connection limit.
 # Ends with "N passed, N failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -25,6 +28,7 @@ trap cleanup EXIT
 . tests/lib.sh
 # A smaller ASan quarantine keeps the RSS measurement about the server itself.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}:quarantine_size_mb=16"
+unset DELTAFIN_API_KEY # the servers below require a key only where they say so
 
 MODEL=$T/model
 $PY tools/gen_checkpoint.py --out "$MODEL" --arch qwen3_moe --vocab 151936 --hidden 64 --intermediate 128 \
@@ -246,6 +250,20 @@ st=$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/chat/completions")
 [ "$st" = 405 ] && ok err-405 || bad err-405 "status $st"
 kill -0 "$S1" 2>/dev/null && ok alive-after-bad-input || bad alive-after-bad-input "server died"
 
+# edge NAME CHECK ARGS... : the helper's "ok NAME" / "FAIL NAME: why" lines
+edge() {
+    local name=$1; shift
+    $PY tests/server/http_edge.py "$@" >"$T/edge.out" 2>&1
+    while read -r w n rest; do
+        case $w in ok) ok "$n" ;; FAIL) bad "${n%:}" "$rest" ;; esac
+    done <"$T/edge.out"
+    grep -qE '^(ok|FAIL) ' "$T/edge.out" || bad "$name" "$(tail -5 "$T/edge.out")"
+}
+# ---- framing a proxy could read otherwise: one 400 (501, 431) before the body, then close
+edge framing framing "$PORT"
+# ---- a complete request, then shutdown(SHUT_WR) (nc -N): answered in full
+edge halfclose halfclose "$PORT"
+
 # ---- cancellation: a client that hangs up frees the server at once
 c0=$(curl -s "$U/metrics" | sed -n 's/^deltafin_requests_cancelled_total \([0-9]*\)$/\1/p')
 t0=$(date +%s.%N)
@@ -349,6 +367,57 @@ if kill -0 "$S2" 2>/dev/null; then bad sigterm-while-generating "still running 1
 kill "$slowc" 2>/dev/null; wait "$slowc" 2>/dev/null
 "$ENG" serve --model "$MODEL" --host 0.0.0.0 --port "$PORT2" >"$T/bind.out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--api-key" "$T/bind.out" && ok refuse-public-bind || bad refuse-public-bind "$(cat "$T/bind.out")"
+
+# ---- the API key from a file or the environment (on the command line, ps shows it)
+PORT5=$((PORT + 3000))
+# key_check NAME KEY: the server $SPID on $PORT5 answers 401 without the key, 200
+# with it, and its command line does not hold the key
+key_check() {
+    local name=$1 key=$2 u=http://127.0.0.1:$PORT5/v1/models a b
+    a=$(curl -s -o /dev/null -w '%{http_code}' "$u")
+    b=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $key" "$u")
+    if [ "$a" = 401 ] && [ "$b" = 200 ] && ! tr '\0' ' ' <"/proc/$SPID/cmdline" | grep -q "$key"; then ok "$name"
+    else bad "$name" "without the key $a, with it $b, command line: $(tr '\0' ' ' <"/proc/$SPID/cmdline")"; fi
+}
+export DELTAFIN_API_KEY=envkey
+if start_server "$T/s6.log" "$PORT5"; then
+    key_check auth-key-env envkey
+    kill -TERM "$SPID"; wait "$SPID"
+    PIDS=("${PIDS[@]/$SPID}")
+else
+    bad auth-key-env "did not start"
+fi
+unset DELTAFIN_API_KEY
+printf 'filekey\n' >"$T/key"
+: >"$T/empty-key"
+expect_error auth-key-file-missing "cannot open '.*/no-such-key'" "$ENG" serve --model "$MODEL" --api-key-file "$T/no-such-key"
+expect_error auth-key-file-empty "'.*/empty-key' is empty" "$ENG" serve --model "$MODEL" --api-key-file "$T/empty-key"
+expect_error auth-key-twice "both given" "$ENG" serve --model "$MODEL" --api-key k --api-key-file "$T/key"
+expect_error auth-key-env-empty "DELTAFIN_API_KEY is set but empty" \
+    timeout 20 env DELTAFIN_API_KEY= "$ENG" serve --model "$MODEL" --port "$PORT5"
+"$ENG" serve --help >"$T/help"
+grep -q -- '--api-key-file PATH' "$T/help" && grep -q DELTAFIN_API_KEY "$T/help" && grep -q '(ps' "$T/help" \
+    && ok auth-key-help || bad auth-key-help "$(grep -A2 -- --api-key "$T/help")"
+
+# ---- slow clients: a request must arrive whole within --request-timeout, and
+# one address holds at most --max-conns-per-ip connections (300 trickling ones
+# from 127.0.0.2, more than the 256 the server holds in all, lock no one out);
+# this server takes its API key from a file
+if start_server "$T/s5.log" "$PORT5" --ctx 4096 --request-timeout 2 --max-conns-per-ip 4 --api-key-file "$T/key"; then
+    S5=$SPID
+    key_check auth-key-file filekey
+    edge slow-clients slow "$PORT5" 2 4 filekey
+    curl -s -H 'Authorization: Bearer filekey' "http://127.0.0.1:$PORT5/metrics" >"$T/metrics5"
+    grep -q 'reason="per_address_limit"} 296$' "$T/metrics5" && ok metrics-connections-closed \
+        || bad metrics-connections-closed "$(grep connections_closed "$T/metrics5")"
+    kill -TERM "$S5"; rc5=0; wait "$S5" || rc5=$?
+    PIDS=("${PIDS[@]/$S5}")
+    if [ $rc5 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s5.log"; then ok slow-clients-shutdown
+    else bad slow-clients-shutdown "exit $rc5: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s5.log" | head -30)"; fi
+else
+    bad slow-clients "did not start"
+fi
+expect_error request-timeout-range "--request-timeout" "$ENG" serve --model "$MODEL" --request-timeout 0
 
 # ---- speculative decoding (--draft): the same greedy text as the plain server,
 # for prompt lookup and for the target as its own draft (every draft accepted)

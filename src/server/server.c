@@ -17,6 +17,7 @@
 
 #include "deltafin.h"
 #include "cli/args.h"
+#include "server/listener.h"
 #include "server/request.h"
 
 #include <arpa/inet.h>
@@ -41,13 +42,16 @@
 
 #define WAIT_SLICE_MS 20 /* how often a waiting connection looks at its socket */
 #define PREFILL_CHUNK 256 /* prompt rows per eval, so cancellation is seen during long prefills */
+#define MAX_CONNS 256     /* connections held at once */
+#define API_KEY_ENV "DELTAFIN_API_KEY"
 
 /* ---- options ---------------------------------------------------------------- */
 
 typedef struct srv_opts {
-    const char *model, *experts, *isa, *policy, *host, *api_key, *prefetch, *draft;
+    const char *model, *experts, *isa, *policy, *host, *api_key, *api_key_file, *prefetch, *draft;
     uint64_t ram_budget, pin, expert_cache, max_body;
     int threads, ctx, port, queue, prefetch_depth, draft_k, lookup_n, draft_fixed;
+    int request_timeout, max_per_ip;
     bool insecure_bind, draft_rejection;
 } srv_opts;
 
@@ -62,9 +66,18 @@ static const char SERVE_HELP[] =
     "  --port N             TCP port (default 8080)\n"
     "  --queue N            requests that may wait behind the running one (default 8);\n"
     "                       beyond that the answer is 429 with Retry-After\n"
-    "  --api-key KEY        require 'Authorization: Bearer KEY' (all but /health)\n"
-    "  --insecure-bind      allow a non-loopback --host without --api-key\n"
+    "  --api-key-file PATH  require 'Authorization: Bearer KEY' (all but /health), KEY\n"
+    "                       being the first line of PATH; without this option or\n"
+    "                       --api-key, the environment variable " API_KEY_ENV " is the key\n"
+    "                       if set\n"
+    "  --api-key KEY        the same with KEY given here, where every local user can\n"
+    "                       read it (ps, /proc): prefer the file or the environment\n"
+    "  --insecure-bind      allow a non-loopback --host without an API key\n"
     "  --max-body BYTES     largest request body (default 1M); larger gets 413\n"
+    "  --request-timeout S  a request (headers and body) must arrive whole within S\n"
+    "                       seconds of connecting (default 30), else it is closed\n"
+    "  --max-conns-per-ip N connections one client address may hold at once (default\n"
+    "                       32; 256 in all); raise it behind a reverse proxy\n"
     "  --ctx N              context length of the session: a request's prompt and\n"
     "                       max_tokens must fit (2..model max, default: min(model max, 4096))\n"
     "  --threads N          compute threads (1..256, default: all CPUs)\n"
@@ -86,12 +99,45 @@ static const char SERVE_HELP[] =
     "                       higher acceptance for a draft model, but not the same sample\n"
     "                       for a seed as without --draft)\n";
 
+/* The first line of the key file, without its line end. Read once at start-up. */
+static const char *read_key_file(const char *path) {
+    static char key[4096];
+    FILE *f = fopen(path, "r");
+    if (!f) cli_die("--api-key-file: cannot open '%s': %s", path, strerror(errno));
+    errno = 0;
+    size_t n = fgets(key, sizeof key, f) ? strlen(key) : 0;
+    int err = ferror(f) ? errno : 0;
+    bool whole = n < sizeof key - 1 || key[n - 1] == '\n' || feof(f);
+    fclose(f);
+    if (err) cli_die("--api-key-file: cannot read '%s': %s", path, strerror(err));
+    if (!whole) cli_die("--api-key-file: the first line of '%s' is longer than %zu bytes", path, sizeof key - 2);
+    if (n && key[n - 1] == '\n') key[--n] = 0;
+    if (n && key[n - 1] == '\r') key[--n] = 0;
+    if (!n) cli_die("--api-key-file: the first line of '%s' is empty (it should hold the key)", path);
+    return key;
+}
+
+/* --api-key-file, else --api-key, else the environment (on the command line the
+ * key is visible to every local user). */
+static void resolve_api_key(srv_opts *o) {
+    if (o->api_key && o->api_key_file) cli_die("--api-key and --api-key-file both given: give the key once");
+    if (o->api_key_file) {
+        o->api_key = read_key_file(o->api_key_file);
+    } else if (!o->api_key) {
+        const char *env = getenv(API_KEY_ENV);
+        if (env && !*env) cli_die("%s is set but empty: unset it, or set it to the key", API_KEY_ENV);
+        o->api_key = env;
+    }
+}
+
 static void parse_opts(srv_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
     o->port = 8080;
     o->queue = 8;
     o->max_body = 1 << 20;
+    o->request_timeout = 30;
+    o->max_per_ip = 32;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -106,6 +152,7 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
             cli_die("--replay-routing is for benchmarks and tests only: the server refuses it "
                 "(its output would not be the model's own)");
         static const char *const known[] = {"--model", "--host", "--port", "--queue", "--api-key",
+                                            "--api-key-file", "--request-timeout", "--max-conns-per-ip",
                                             "--max-body", "--ctx", "--threads", "--isa", "--experts",
                                             "--ram-budget", "--expert-cache", "--policy", "--pin",
                                             "--prefetch", "--prefetch-depth",
@@ -122,7 +169,10 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) {
             if (!*v) cli_die("--api-key must not be empty");
             o->api_key = v;
-        } else if (!strcmp(a, "--max-body")) o->max_body = cli_size(a, v);
+        } else if (!strcmp(a, "--api-key-file")) o->api_key_file = v;
+        else if (!strcmp(a, "--request-timeout")) o->request_timeout = (int)cli_long(a, v, 1, 3600);
+        else if (!strcmp(a, "--max-conns-per-ip")) o->max_per_ip = (int)cli_long(a, v, 1, MAX_CONNS);
+        else if (!strcmp(a, "--max-body")) o->max_body = cli_size(a, v);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_long(a, v, 2, 1 << 24);
         else if (!strcmp(a, "--threads")) o->threads = (int)cli_long(a, v, 1, 256);
         else if (!strcmp(a, "--isa")) o->isa = v;
@@ -141,6 +191,7 @@ static void parse_opts(srv_opts *o, int argc, char **argv) {
     if (!o->draft && (o->draft_k || o->lookup_n || o->draft_fixed || o->draft_rejection))
         cli_die("--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft");
     if (!o->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
+    resolve_api_key(o);
 }
 
 /* ---- shared state ------------------------------------------------------------ */
@@ -179,6 +230,7 @@ static struct {
     srv_opts o;
     df_engine *eng;
     df_spec *spec; /* NULL without --draft; used by the worker only */
+    srv_listener *listener;
     const df_model_info *info;
     char model_id[256];
     int ctx;
@@ -725,6 +777,8 @@ typedef struct conn {
     char *body;
     size_t body_len, body_cap;
     bool too_big;
+    bool http11; /* an interim 1xx response may be sent (HTTP/1.0 has none) */
+    bool probed; /* the client finished sending and was sent one (peer_gone) */
     struct MHD_Connection *mc;
 } conn;
 
@@ -734,6 +788,16 @@ static int ep_of(const char *url) {
     return EP_OTHER;
 }
 
+/* Queues (and releases) a response. Connection: close: one request per
+ * connection, so that every request passes the listener's checks (listener.h). */
+static enum MHD_Result queue(conn *c, int status, struct MHD_Response *r) {
+    MHD_add_response_header(r, "Connection", "close");
+    c->status = status;
+    enum MHD_Result rc = MHD_queue_response(c->mc, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
 static enum MHD_Result send_buf(conn *c, int status, const char *ctype, const char *body, size_t len,
                                 const char *retry_after) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -741,10 +805,7 @@ static enum MHD_Result send_buf(conn *c, int status, const char *ctype, const ch
     MHD_add_response_header(r, "Content-Type", ctype);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    c->status = status;
-    enum MHD_Result rc = MHD_queue_response(c->mc, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return rc;
+    return queue(c, status, r);
 }
 
 static enum MHD_Result send_json(conn *c, int status, json_t *obj) {
@@ -765,16 +826,32 @@ static enum MHD_Result send_error(conn *c, int status, const char *type, const c
     return rc;
 }
 
-/* True when the peer has closed its end (or the socket failed). */
-static bool peer_gone(struct MHD_Connection *mc) {
+/* Whether the client is gone. Its end of sending (FIN) does not say: a client
+ * that half-closes after its request (shutdown(SHUT_WR), nc -N) still reads the
+ * answer, while one that closed its socket answers the next bytes sent to it
+ * with a reset, which poll then reports. A response being sent provides such
+ * bytes; before one starts, `probe` (when not NULL) sends an interim
+ * "100 Continue" once after the FIN, which HTTP/1.1 clients must accept and
+ * skip. An HTTP/1.0 client that half-closed cannot be told from one that left
+ * until the response is sent, so it is answered. */
+static bool peer_gone(struct MHD_Connection *mc, conn *probe) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    int fd = ci->connect_fd;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
     char b;
-    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+    bool fin = (p.revents & POLLRDHUP) || k == 0;
+    if (fin && probe && probe->http11 && !probe->probed) {
+        /* the connection's thread is here, in the handler: nothing else writes */
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        probe->probed = true;
+        if (send(fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN) return true;
+    }
+    return false;
 }
 
 static void timed_wait(pthread_cond_t *cv) { /* under S.mu */
@@ -837,7 +914,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (S.stopping) break;
         timed_wait(&j->cv);
         pthread_mutex_unlock(&S.mu);
-        bool gone = peer_gone(c->mc);
+        bool gone = peer_gone(c->mc, NULL);
         pthread_mutex_lock(&S.mu);
         if (gone) break;
     }
@@ -911,7 +988,7 @@ static enum MHD_Result handle_generate(conn *c) {
         }
         timed_wait(&j->cv);
         pthread_mutex_unlock(&S.mu);
-        bool gone = peer_gone(c->mc);
+        bool gone = peer_gone(c->mc, c);
         pthread_mutex_lock(&S.mu);
         if (gone) {
             abandon(j);
@@ -955,10 +1032,7 @@ static enum MHD_Result handle_generate(conn *c) {
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    c->status = 200;
-    enum MHD_Result rc = MHD_queue_response(c->mc, 200, r);
-    MHD_destroy_response(r);
-    return rc;
+    return queue(c, 200, r);
 }
 
 static enum MHD_Result handle_models(conn *c) {
@@ -1021,6 +1095,18 @@ static enum MHD_Result handle_metrics(conn *c) {
                 (unsigned long long)S.spec_stats.drafted, (unsigned long long)S.spec_stats.accepted,
                 (unsigned long long)S.spec_stats.verify_passes, S.spec_stats.depth);
     pthread_mutex_unlock(&S.mu);
+    srv_listener_stats ls;
+    srv_listener_stats_get(S.listener, &ls);
+    fprintf(f,
+            "# HELP deltafin_connections_closed_total Connections the listener closed: a refused request "
+            "head (400, 431, 501), a request not whole in time, over the per-address or overall limit.\n"
+            "# TYPE deltafin_connections_closed_total counter\n"
+            "deltafin_connections_closed_total{reason=\"bad_head\"} %llu\n"
+            "deltafin_connections_closed_total{reason=\"request_timeout\"} %llu\n"
+            "deltafin_connections_closed_total{reason=\"per_address_limit\"} %llu\n"
+            "deltafin_connections_closed_total{reason=\"connection_limit\"} %llu\n",
+            (unsigned long long)ls.bad_head, (unsigned long long)ls.deadline, (unsigned long long)ls.per_addr,
+            (unsigned long long)ls.full);
     fclose(f);
     enum MHD_Result rc = send_buf(c, 200, "text/plain; version=0.0.4", buf, len, NULL);
     free(buf);
@@ -1044,13 +1130,13 @@ static bool key_ok(const char *auth) {
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **ctx) {
     (void)cls;
-    (void)version;
     conn *c = *ctx;
     if (!c) {
         c = calloc(1, sizeof *c);
         if (!c) return MHD_NO;
         c->mc = mc;
         c->ep = ep_of(url);
+        c->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         *ctx = c;
         if (S.o.api_key && c->ep != EP_HEALTH &&
             !key_ok(MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization")))
@@ -1079,6 +1165,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->body_len += n;
         return MHD_YES;
     }
+    srv_listener_arrived(mc); /* the whole request is in: no deadline while it is answered */
     if (c->status) return MHD_YES; /* answered early (401/413) */
     if (c->too_big) {
         char msg[128];
@@ -1138,6 +1225,57 @@ static int start_failed(const df_error *err) {
     return err->code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
 }
 
+/* Tells the worker to stop, cancelling queued and running requests. */
+static void stop_requests(void) {
+    pthread_mutex_lock(&S.mu);
+    S.stopping = true;
+    for (job *j = S.head; j; j = j->next) atomic_store(&j->cancel, true);
+    /* the running one too: it is off the queue, and a long generation would
+     * otherwise hold the process up to its max_tokens */
+    if (S.current) atomic_store(&S.current->cancel, true);
+    pthread_cond_broadcast(&S.work_cv);
+    pthread_mutex_unlock(&S.mu);
+}
+
+/* Listens on sa (listener.c) and answers (libmicrohttpd) until SIGINT or
+ * SIGTERM (in *set), then stops every request. Returns the exit status. */
+static int serve(const struct sockaddr *sa, socklen_t sa_len, sigset_t *set) {
+    const srv_opts *o = &S.o;
+    srv_listener_opts lo = {.addr = sa, .addr_len = sa_len, .max_conns = MAX_CONNS,
+                            .max_per_addr = o->max_per_ip, .request_timeout = o->request_timeout};
+    if (srv_listener_open(&S.listener, &lo)) {
+        fprintf(stderr, "deltafin: cannot listen on %s port %d: %s\n", o->host, o->port, strerror(errno));
+        stop_requests();
+        return 1;
+    }
+    /* the listener accepts and hands connections over (MHD_add_connection needs the ITC) */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, 0, NULL, NULL, &on_request, NULL, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, &srv_listener_notify, S.listener, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNS, MHD_OPTION_END);
+    if (!d || srv_listener_start(S.listener, d)) {
+        fprintf(stderr, "deltafin: cannot start the HTTP server (libmicrohttpd or a thread)\n");
+        if (d) MHD_stop_daemon(d);
+        srv_listener_free(S.listener);
+        stop_requests();
+        return 1;
+    }
+    fprintf(stderr, "deltafin serve: %s on http://%s:%d (context %d, queue %d%s)\n", S.model_id, o->host, o->port,
+            S.ctx, o->queue, o->api_key ? ", API key required" : "");
+
+    sigdelset(set, SIGPIPE);
+    int sig = 0;
+    sigwait(set, &sig);
+    fprintf(stderr, "deltafin serve: stopping (signal %d)\n", sig);
+    stop_requests();
+    srv_listener_stop(S.listener);
+    MHD_stop_daemon(d); /* it notifies the listener of each close */
+    srv_listener_free(S.listener);
+    return 0;
+}
+
 int df_serve_main(int argc, char **argv) {
     srv_opts *o = &S.o;
     parse_opts(o, argc, argv);
@@ -1147,19 +1285,21 @@ int df_serve_main(int argc, char **argv) {
     struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
     const char *host = !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    socklen_t ss_len;
     if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
         a4->sin_family = AF_INET;
         a4->sin_port = htons((uint16_t)o->port);
+        ss_len = sizeof *a4;
     } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)o->port);
-        flags |= MHD_USE_IPv6;
+        ss_len = sizeof *a6;
     } else {
         cli_die("--host expects an IPv4 or IPv6 address, got '%s'", o->host);
     }
     if (!is_loopback((struct sockaddr *)&ss) && !o->api_key && !o->insecure_bind)
-        cli_die("refusing to serve %s without --api-key (add --insecure-bind to do it anyway)", o->host);
+        cli_die("refusing to serve %s without an API key (--api-key-file, %s or --api-key; "
+                "add --insecure-bind to do it anyway)", o->host, API_KEY_ENV);
 
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa, .experts = o->experts,
                          .ram_budget = o->ram_budget, .context = o->ctx, .expert_cache = o->expert_cache,
@@ -1208,37 +1348,7 @@ int df_serve_main(int argc, char **argv) {
 
     pthread_t wt;
     if (pthread_create(&wt, NULL, worker_main, NULL)) cli_die("cannot start the worker thread");
-    struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t)o->port, NULL, NULL, &on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_NOTIFY_COMPLETED, &on_completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)256, MHD_OPTION_END);
-    if (!d) {
-        fprintf(stderr, "deltafin: cannot listen on %s port %d: %s\n", o->host, o->port, strerror(errno));
-        pthread_mutex_lock(&S.mu);
-        S.stopping = true;
-        pthread_cond_broadcast(&S.work_cv);
-        pthread_mutex_unlock(&S.mu);
-        pthread_join(wt, NULL);
-        df_spec_free(S.spec);
-        df_engine_close(S.eng);
-        return 1;
-    }
-    fprintf(stderr, "deltafin serve: %s on http://%s:%d (context %d, queue %d%s)\n", S.model_id, o->host, o->port,
-            S.ctx, o->queue, o->api_key ? ", API key required" : "");
-
-    sigdelset(&set, SIGPIPE);
-    int sig = 0;
-    sigwait(&set, &sig);
-    fprintf(stderr, "deltafin serve: stopping (signal %d)\n", sig);
-    pthread_mutex_lock(&S.mu);
-    S.stopping = true;
-    for (job *j = S.head; j; j = j->next) atomic_store(&j->cancel, true);
-    /* the running one too: it is off the queue, and a long generation would
-     * otherwise hold the process up to its max_tokens */
-    if (S.current) atomic_store(&S.current->cancel, true);
-    pthread_cond_broadcast(&S.work_cv);
-    pthread_mutex_unlock(&S.mu);
-    MHD_stop_daemon(d);
+    int rc = serve((struct sockaddr *)&ss, ss_len, &set);
     pthread_join(wt, NULL);
     /* jobs the worker never took (connections are gone, so only its refs remain) */
     while (S.head) {
@@ -1250,5 +1360,5 @@ int df_serve_main(int argc, char **argv) {
     df_engine_close(S.eng);
     pthread_cond_destroy(&S.work_cv);
     pthread_mutex_destroy(&S.mu);
-    return 0;
+    return rc;
 }
