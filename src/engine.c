@@ -287,6 +287,24 @@ static void rss_now(uint64_t *rss, uint64_t *peak) {
     if (f) fclose(f);
 }
 
+/* Bytes of memory the machine has available (MemAvailable; for tests,
+ * DF_TEST_MEM_AVAILABLE, a size such as 512M), 0 if it cannot tell (then
+ * nothing is capped by it). */
+static uint64_t mem_available(void) {
+    const char *fake = getenv("DF_TEST_MEM_AVAILABLE");
+    uint64_t b = 0;
+    df_error ignored;
+    if (fake && df_parse_size(fake, "DF_TEST_MEM_AVAILABLE", &b, &ignored) == DF_OK) return b;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) b = (uint64_t)kb << 10;
+    if (f) fclose(f);
+    if (!b) b = df_mul_sat((uint64_t)sysconf(_SC_AVPHYS_PAGES), (uint64_t)sysconf(_SC_PAGESIZE));
+    return b;
+}
+
 /* Counts what the process holds before the expert cache (df_mem_plan): the
  * context the budget is for, the always-active weights mapped in, and the
  * RSS measured then. Freed heap is handed back to the kernel first (the
@@ -311,12 +329,13 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
                                            SLACK_PER_POSITION * (uint64_t)ctx + SLACK_PER_EXPERT * n_experts);
     p->reserve = o->reserve_bytes;
     p->context = ctx;
+    p->session = session_bytes(m, ctx, e->chunk);
+    p->available = mem_available();
 }
 
-/* Resident bytes without the session's work buffers. */
-static uint64_t plan_fixed(const df_mem_plan *p, const df_model *m) {
-    uint64_t kv = session_bytes(m, p->context, 0);
-    return df_add_sat(df_add_sat(p->resident, kv), df_add_sat(p->slack, p->reserve));
+/* The estimate before the expert cache, with a session of `session` bytes. */
+static uint64_t plan_total(const df_mem_plan *p, uint64_t session) {
+    return df_add_sat(df_add_sat(p->resident, session), df_add_sat(p->slack, p->reserve));
 }
 
 /* Sizes the budget on the plan: the forward chunk, and what is left for the
@@ -332,12 +351,12 @@ static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df
      * buffers take at most a quarter of what the weights and the KV cache
      * leave, the rest going to expert slots. */
     if (e->chunk > p->context) e->chunk = p->context;
-    uint64_t fixed = plan_fixed(p, m);
+    uint64_t fixed = plan_total(p, session_bytes(m, p->context, 0));
     if (!o->prefill_chunk && fixed < budget)
         while (e->chunk > 16 && df_fwd_buf_bytes(m, e->chunk, p->context) > (budget - fixed) / 4)
             e->chunk /= 2;
     p->session = session_bytes(m, p->context, e->chunk);
-    uint64_t need = df_add_sat(df_add_sat(p->resident, p->session), df_add_sat(p->slack, p->reserve));
+    uint64_t need = plan_total(p, p->session);
     if (need >= budget) {
         char what[800];
         if (o->reserve_bytes)
@@ -356,29 +375,11 @@ static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df
     return DF_OK;
 }
 
-/* Bytes of memory the machine has available (MemAvailable; for tests,
- * DF_TEST_MEM_AVAILABLE, a size such as 512M), 0 if it cannot tell (then
- * nothing is capped by it). */
-static uint64_t mem_available(void) {
-    const char *fake = getenv("DF_TEST_MEM_AVAILABLE");
-    uint64_t b = 0;
-    df_error ignored;
-    if (fake && df_parse_size(fake, "DF_TEST_MEM_AVAILABLE", &b, &ignored) == DF_OK) return b;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) b = (uint64_t)kb << 10;
-    if (f) fclose(f);
-    if (!b) b = df_mul_sat((uint64_t)sysconf(_SC_AVPHYS_PAGES), (uint64_t)sysconf(_SC_PAGESIZE));
-    return b;
-}
-
 /* Without a budget the cache takes what the machine has: its available
- * memory less the session and slack still to come, and, for the rest of the
- * system, an eighth of it (at least AVAIL_KEEP_MIN). A budget is capped at
- * the available memory with nothing kept: the user chose it (the benchmarks
- * shrink the machine to the budget plus a little). */
+ * memory less the session, slack and reserve still to come, and, for the
+ * rest of the system, an eighth of it (at least AVAIL_KEEP_MIN). A budget is
+ * capped at the available memory with nothing kept: the user chose it (the
+ * benchmarks shrink the machine to the budget plus a little). */
 #define AVAIL_KEEP_MIN ((uint64_t)128 << 20)
 
 static uint64_t avail_keep(uint64_t available) {
@@ -387,7 +388,7 @@ static uint64_t avail_keep(uint64_t available) {
 
 static uint64_t avail_cap(const df_engine *e, bool keep) {
     const df_mem_plan *p = &e->plan;
-    uint64_t cap = df_sub_floor(p->available, df_add_sat(df_add_sat(p->session, p->slack), p->reserve));
+    uint64_t cap = df_sub_floor(p->available, df_sub_floor(plan_total(p, p->session), p->resident));
     return keep ? df_sub_floor(cap, avail_keep(p->available)) : cap;
 }
 
@@ -397,9 +398,7 @@ static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, ch
                       df_error *err) {
     df_mem_plan *p = &e->plan;
     plan_memory(e, o, false);
-    p->available = mem_available();
     if (o->expert_cache) {
-        p->session = session_bytes(&e->model, p->context, e->chunk);
         *cache = o->expert_cache;
         e->cache_sizing = "--expert-cache";
         snprintf(what, n, "--expert-cache sets");
@@ -413,7 +412,6 @@ static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, ch
                  "and a %d-token context) leaves", (double)o->ram_budget / 1048576.0,
                  (double)(o->ram_budget - *cache) / 1048576.0, p->context);
     } else {
-        p->session = session_bytes(&e->model, p->context, e->chunk);
         *cache = UINT64_MAX;
     }
     uint64_t cap = avail_cap(e, !o->ram_budget);
@@ -435,7 +433,6 @@ static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, ch
 static int dense_budget(df_engine *e, const df_engine_opts *o, df_error *err) {
     uint64_t unused;
     plan_memory(e, o, true);
-    e->plan.available = mem_available();
     return budget_left(e, o, &unused, err);
 }
 
@@ -671,8 +668,7 @@ static void mem_stats(const df_engine *e, df_stats *o) {
     const df_mem_plan *p = &e->plan;
     if (!p->context) return;
     uint64_t cache = e->store ? df_mul_sat(df_store_slots(e->store), df_store_slot_bytes(e->store)) : 0;
-    uint64_t sum = df_add_sat(df_add_sat(p->resident, p->session), df_add_sat(p->slack, p->reserve));
-    sum = df_add_sat(sum, cache);
+    uint64_t sum = df_add_sat(plan_total(p, p->session), cache);
     o->ram_budget = e->ram_budget;
     o->mem_estimate = sum > p->load_peak ? sum : p->load_peak;
     o->mem_resident = p->resident;
