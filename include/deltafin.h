@@ -45,10 +45,13 @@ typedef struct df_engine_opts {
     int n_threads;         /* 0 = number of online CPUs */
     const char *isa;       /* NULL/"auto", "avx512", "avx2" or "c": kernel path */
     /* Expert streaming. experts: comma-separated pack directories (one per
-     * drive, none empty), or NULL. ram_budget: bytes the whole process may
-     * keep resident, 0 = unlimited. With a budget and no pack, experts stream
-     * from the safetensors files (buffered reads through the page cache).
-     * Without either, the whole checkpoint is used in place (memory-mapped). */
+     * drive, none empty), or NULL. ram_budget: bytes the whole process may keep resident
+     * (its peak RSS), 0 = none: a pack's cache then holds every expert, or
+     * the available memory less an eighth (docs/budget.md). With a budget
+     * and no pack, experts stream from the safetensors files (buffered reads
+     * through the page cache). Without either, the whole checkpoint is used
+     * in place (memory-mapped). Sizes may be anything up to UINT64_MAX: the
+     * cache never holds more than every expert. */
     const char *experts;
     uint64_t ram_budget;
     int context;           /* context length sessions will use (for the budget);
@@ -153,6 +156,18 @@ typedef struct df_stats {
     const char *replay_routing; /* trace the routing is replayed from, NULL: the
                                    model's own routing */
     double sim_disk_bps;        /* df_engine_opts.sim_disk_bps in use, 0: none */
+    /* Memory, as counted when the engine was opened (zero, NULL when nothing
+     * was sized: experts resident and no budget). mem_estimate is the peak
+     * RSS the engine expects: what it measured (weights kept in RAM,
+     * tokenizer), one session at mem_context positions, slack, the reserve
+     * and the expert slots; or the peak while loading, if that was higher. */
+    uint64_t ram_budget;        /* df_engine_opts.ram_budget, 0: none */
+    uint64_t mem_estimate;
+    uint64_t mem_resident, mem_load_peak, mem_session, mem_slack, mem_reserve;
+    int mem_context;
+    const char *cache_sizing;   /* what set cache_bytes: "all experts fit", "--ram-budget",
+                                   "--expert-cache" or "available memory" */
+    uint64_t mem_available;     /* the machine's available memory then (MemAvailable) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

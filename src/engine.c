@@ -18,6 +18,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,18 @@
 
 #define DF_DEFAULT_CHUNK 512
 
+/* The memory the budget counts, and --stats reports next to the peak RSS:
+ * measured at open, and computed for what comes later. */
+typedef struct df_mem_plan {
+    uint64_t resident;  /* RSS with the weights kept in RAM and the tokenizer in */
+    uint64_t load_peak; /* VmHWM then: loading may peak above what stays */
+    uint64_t session;   /* one session: KV cache at `context`, work buffers */
+    uint64_t slack;     /* what else comes (SLACK_*) */
+    uint64_t reserve;   /* df_engine_opts.reserve_bytes (a draft model) */
+    uint64_t available; /* the machine's available memory then */
+    int context;
+} df_mem_plan;
+
 struct df_engine {
     df_model model;
     df_tokenizer *tok;
@@ -33,6 +46,8 @@ struct df_engine {
     df_store *store;      /* NULL: experts used in place from the mapping */
     uint64_t ram_budget;
     int budget_ctx;       /* context the budget reserved room for */
+    df_mem_plan plan;     /* all zero when nothing was sized (experts resident, no budget) */
+    const char *cache_sizing; /* df_stats.cache_sizing */
     df_model_info info;
     int32_t stop_ids[16];
     int n_stop;
@@ -67,17 +82,6 @@ static void add_stop(df_engine *e, int32_t id) {
 /* ---- expert streaming set-up ---------------------------------------------------- */
 
 static bool is_expert_tensor(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
-
-/* Resident set size of this process, from /proc/self/statm. */
-static uint64_t rss_bytes(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long long size = 0, res = 0;
-    if (f) {
-        if (fscanf(f, "%llu %llu", &size, &res) != 2) res = 0;
-        fclose(f);
-    }
-    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
-}
 
 #ifndef MADV_HUGEPAGE
 #define MADV_HUGEPAGE 14
@@ -247,47 +251,189 @@ static void huge_weights(const df_model *m, bool *done) {
     }
 }
 
-static size_t session_bytes(const df_model *m, int ctx, int chunk) {
+static uint64_t session_bytes(const df_model *m, int ctx, int chunk) {
     const df_config *c = &m->cfg;
-    size_t kv = 2 * sizeof(float) * (size_t)c->num_hidden_layers * (size_t)ctx *
-                (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    return kv + df_fwd_buf_bytes(m, chunk, ctx);
+    uint64_t kv = 2 * sizeof(float);
+    kv = df_mul_sat(kv, (uint64_t)c->num_hidden_layers);
+    kv = df_mul_sat(kv, (uint64_t)ctx);
+    kv = df_mul_sat(kv, (uint64_t)c->num_key_value_heads * (uint64_t)c->head_dim);
+    return df_add_sat(kv, df_fwd_buf_bytes(m, chunk, ctx));
 }
 
-#define BUDGET_MARGIN ((uint64_t)64 << 20) /* allocator slack, stacks, sampler */
+/* What the memory estimate leaves room for beyond the weights, the tokenizer,
+ * one session and the expert slots: allocator slack, thread stacks and code
+ * paged in later (SLACK_FIXED), the caller's logits row, the sampler's
+ * scratch and the server's token counts (per vocabulary entry: 4 + 48 + 4
+ * bytes, sampler.c), its token copies (per position), and the pack's
+ * records, the store's and the policy's tables (per routed expert of the
+ * model; the store never has more slots than experts plus top-k). Measured:
+ * docs/budget.md. */
+#define SLACK_FIXED ((uint64_t)8 << 20)
+#define SLACK_PER_VOCAB 64
+#define SLACK_PER_POSITION 16
+#define SLACK_PER_EXPERT 1024
 
-/* Sizes the budget: the context it reserves room for, and what is left once the
- * weights that stay in RAM (the experts too, when they do not stream), the
- * tokenizer and one session are in. Fails when that is nothing. */
-static int budget_left(df_engine *e, const df_engine_opts *o, bool experts_resident, uint64_t *left,
-                       df_error *err) {
+/* Resident bytes of this process and its high-water mark so far (VmRSS and
+ * VmHWM of /proc/self/status), 0 where unknown. */
+static void rss_now(uint64_t *rss, uint64_t *peak) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb;
+    *rss = *peak = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) *rss = (uint64_t)kb << 10;
+        else if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) *peak = (uint64_t)kb << 10;
+    }
+    if (f) fclose(f);
+}
+
+/* Bytes of memory the machine has available (MemAvailable; for tests,
+ * DF_TEST_MEM_AVAILABLE, a size such as 512M), 0 if it cannot tell (then
+ * nothing is capped by it). */
+static uint64_t mem_available(void) {
+    const char *fake = getenv("DF_TEST_MEM_AVAILABLE");
+    uint64_t b = 0;
+    df_error ignored;
+    if (fake && df_parse_size(fake, "DF_TEST_MEM_AVAILABLE", &b, &ignored) == DF_OK) return b;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) b = (uint64_t)kb << 10;
+    if (f) fclose(f);
+    if (!b) b = df_mul_sat((uint64_t)sysconf(_SC_AVPHYS_PAGES), (uint64_t)sysconf(_SC_PAGESIZE));
+    return b;
+}
+
+/* Counts what the process holds before the expert cache (df_mem_plan): the
+ * context the budget is for, the always-active weights mapped in, and the
+ * RSS measured then. Freed heap is handed back to the kernel first (the
+ * tokenizer's parse, a draft engine opened and closed to size it): left in
+ * the RSS, it was counted once as resident and again as the session that
+ * would reuse it. */
+static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resident) {
     const df_model *m = &e->model;
     const df_config *c = &m->cfg;
     int ctx = o->context > 0 ? o->context : (c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096);
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
-    e->ram_budget = o->ram_budget;
     e->budget_ctx = ctx;
     prefault(m, experts_resident, NULL);
-    /* The default chunk is a speed choice, not a promise: under a tight budget
-     * it shrinks so that its buffers take at most a quarter of what the
-     * weights and the KV cache leave, the rest going to expert slots. */
-    uint64_t fixed = rss_bytes() + session_bytes(m, ctx, 0) + BUDGET_MARGIN + o->reserve_bytes;
-    if (!o->prefill_chunk && fixed < o->ram_budget)
-        while (e->chunk > 16 && df_fwd_buf_bytes(m, e->chunk, ctx) > (o->ram_budget - fixed) / 4)
+    malloc_trim(0);
+    df_mem_plan *p = &e->plan;
+    rss_now(&p->resident, &p->load_peak);
+    uint64_t n_experts = 0; /* streamed ones */
+    if (!experts_resident)
+        for (int li = 0; li < c->num_hidden_layers; li++)
+            n_experts += c->layer_is_moe[li] ? (uint64_t)c->num_experts : 0;
+    p->slack = df_add_sat(SLACK_FIXED, SLACK_PER_VOCAB * (uint64_t)c->vocab_size +
+                                           SLACK_PER_POSITION * (uint64_t)ctx + SLACK_PER_EXPERT * n_experts);
+    p->reserve = o->reserve_bytes;
+    p->context = ctx;
+    p->session = session_bytes(m, ctx, e->chunk);
+    p->available = mem_available();
+}
+
+/* The estimate before the expert cache, with a session of `session` bytes. */
+static uint64_t plan_total(const df_mem_plan *p, uint64_t session) {
+    return df_add_sat(df_add_sat(p->resident, session), df_add_sat(p->slack, p->reserve));
+}
+
+/* Sizes the budget on the plan: the forward chunk, and what is left for the
+ * expert cache. Fails when that is nothing, or when loading already went past
+ * the budget (the peak RSS counts it). */
+static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df_error *err) {
+    const df_model *m = &e->model;
+    df_mem_plan *p = &e->plan;
+    uint64_t budget = o->ram_budget;
+    e->ram_budget = budget;
+    /* A chunk longer than the context is never filled. The default chunk is a
+     * speed choice, not a promise: under a tight budget it shrinks so that its
+     * buffers take at most a quarter of what the weights and the KV cache
+     * leave, the rest going to expert slots. */
+    if (e->chunk > p->context) e->chunk = p->context;
+    uint64_t fixed = plan_total(p, session_bytes(m, p->context, 0));
+    if (!o->prefill_chunk && fixed < budget)
+        while (e->chunk > 16 && df_fwd_buf_bytes(m, e->chunk, p->context) > (budget - fixed) / 4)
             e->chunk /= 2;
-    uint64_t need = rss_bytes() + session_bytes(m, ctx, e->chunk) + BUDGET_MARGIN + o->reserve_bytes;
-    if (need >= o->ram_budget) {
+    p->session = session_bytes(m, p->context, e->chunk);
+    uint64_t need = plan_total(p, p->session);
+    if (need >= budget) {
         char what[800];
         if (o->reserve_bytes)
             snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer, a %d-token context and %.1f MiB for %s",
-                     ctx, (double)o->reserve_bytes / 1048576.0, o->reserve_for ? o->reserve_for : "other data");
+                     p->context, (double)o->reserve_bytes / 1048576.0, o->reserve_for ? o->reserve_for : "other data");
         else
-            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer and a %d-token context", ctx);
+            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer and a %d-token context", p->context);
         return df_fail(err, DF_ERR_ARG, "--ram-budget %.1f MiB is too small: %s already need %.1f MiB",
-                       (double)o->ram_budget / 1048576.0, what, (double)need / 1048576.0);
+                       (double)budget / 1048576.0, what, (double)need / 1048576.0);
     }
-    *left = o->ram_budget - need;
+    if (p->load_peak >= budget)
+        return df_fail(err, DF_ERR_ARG, "--ram-budget %.1f MiB is too small: loading the model, its "
+                       "tokenizer%s already took %.1f MiB of RSS at the peak", (double)budget / 1048576.0,
+                       o->reserve_bytes ? " and sizing the draft" : "", (double)p->load_peak / 1048576.0);
+    *left = budget - need;
     return DF_OK;
+}
+
+/* Without a budget the cache takes what the machine has: its available
+ * memory less the session, slack and reserve still to come, and, for the
+ * rest of the system, an eighth of it (at least AVAIL_KEEP_MIN). A budget is
+ * capped at the available memory with nothing kept: the user chose it (the
+ * benchmarks shrink the machine to the budget plus a little). */
+#define AVAIL_KEEP_MIN ((uint64_t)128 << 20)
+
+static uint64_t avail_keep(uint64_t available) {
+    return available / 8 > AVAIL_KEEP_MIN ? available / 8 : AVAIL_KEEP_MIN;
+}
+
+static uint64_t avail_cap(const df_engine *e, bool keep) {
+    const df_mem_plan *p = &e->plan;
+    uint64_t cap = df_sub_floor(p->available, df_sub_floor(plan_total(p, p->session), p->resident));
+    return keep ? df_sub_floor(cap, avail_keep(p->available)) : cap;
+}
+
+/* The expert cache's size, and what set it (df_stats.cache_sizing; `what`
+ * words it for the store's "less than one expert" error). */
+static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, char *what, size_t n,
+                      df_error *err) {
+    df_mem_plan *p = &e->plan;
+    plan_memory(e, o, false);
+    if (o->expert_cache) {
+        *cache = o->expert_cache;
+        e->cache_sizing = "--expert-cache";
+        snprintf(what, n, "--expert-cache sets");
+        return DF_OK;
+    }
+    if (o->ram_budget) {
+        int rc = budget_left(e, o, cache, err);
+        if (rc) return rc;
+        e->cache_sizing = "--ram-budget";
+        snprintf(what, n, "--ram-budget %.1f MiB (%.1f MiB of it for the weights kept in RAM, the tokenizer "
+                 "and a %d-token context) leaves", (double)o->ram_budget / 1048576.0,
+                 (double)(o->ram_budget - *cache) / 1048576.0, p->context);
+    } else {
+        *cache = UINT64_MAX;
+    }
+    uint64_t cap = avail_cap(e, !o->ram_budget);
+    if (p->available && cap < *cache) {
+        *cache = cap;
+        e->cache_sizing = "available memory";
+        if (o->ram_budget)
+            snprintf(what, n, "--ram-budget is more than the memory available (%.1f MiB), which leaves",
+                     (double)p->available / 1048576.0);
+        else
+            snprintf(what, n, "no --ram-budget or --expert-cache given, and the memory available (%.1f MiB, "
+                     "less %.1f MiB kept for the system) leaves", (double)p->available / 1048576.0,
+                     (double)avail_keep(p->available) / 1048576.0);
+    }
+    return DF_OK;
+}
+
+/* A model with nothing to stream: the budget must hold all of it. */
+static int dense_budget(df_engine *e, const df_engine_opts *o, df_error *err) {
+    uint64_t unused;
+    plan_memory(e, o, true);
+    return budget_left(e, o, &unused, err);
 }
 
 static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err) {
@@ -305,20 +451,16 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
             dirs[n_dirs++] = tok;
         }
     }
-    uint64_t cache = UINT64_MAX / 2; /* no budget: room for every expert */
+    uint64_t cache;
+    char what[300];
     int rc = df_model_dense_to_ram(&e->model, err);
+    if (!rc) rc = size_cache(e, o, &cache, what, sizeof what, err);
     if (rc) {
         free(dirs_buf);
         return rc;
     }
-    if (o->expert_cache) {
-        cache = o->expert_cache;
-    } else if (o->ram_budget && (rc = budget_left(e, o, false, &cache, err))) {
-        free(dirs_buf);
-        return rc;
-    }
     df_store_opts so = {.pack_dirs = n_dirs ? dirs : NULL, .n_pack_dirs = n_dirs, .cache_bytes = cache,
-                        .policy = o->cache_policy, .pin_bytes = o->pin_bytes,
+                        .cache_what = what, .policy = o->cache_policy, .pin_bytes = o->pin_bytes,
                         .prefetch = o->prefetch, .prefetch_depth = o->prefetch_depth,
                         .prefetch_min_recall = o->prefetch_min_recall > 0 ? o->prefetch_min_recall : -1,
                         .prefetch_min_precision =
@@ -326,7 +468,10 @@ static int setup_streaming(df_engine *e, const df_engine_opts *o, df_error *err)
                         .sim_disk_bps = o->sim_disk_bps};
     rc = df_store_open(&e->store, m, &so, err);
     free(dirs_buf);
-    return rc;
+    if (rc) return rc;
+    malloc_trim(0); /* the pack manifest's parse */
+    if (df_store_holds_all(e->store)) e->cache_sizing = "all experts fit";
+    return DF_OK;
 }
 
 /* ---- routing replay ------------------------------------------------------------ */
@@ -440,6 +585,11 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     char *tp = df_path_join(opts->model_dir, "tokenizer.json");
     rc = df_tokenizer_load(&e->tok, tp, err);
     free(tp);
+    /* Parsing a 151k-token tokenizer.json keeps 20 MiB and frees 75-90 MiB
+     * of JSON nodes. Handed back to the kernel now, those pages do not sit
+     * under the weights copied into RAM next, where they made the loading
+     * peak (232 MiB instead of 173 on a 2-layer checkpoint with that vocabulary). */
+    malloc_trim(0);
     if (rc) {
         df_model_free(&e->model);
         free(e);
@@ -455,7 +605,6 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     }
     bool have_pack = opts->experts && *opts->experts;
     if (have_pack || opts->ram_budget || opts->expert_cache || opts->sim_disk_bps > 0) {
-        uint64_t unused;
         /* a dense model has nothing to stream: the budget must hold all of it.
          * A simulated disk paces pack reads only: streaming from the
          * safetensors, the page cache is the expert cache and most reads
@@ -464,7 +613,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
             rc = df_fail(err, DF_ERR_ARG, "a simulated disk needs a pack of the model's experts (--experts)");
         else
             rc = c->num_experts <= 0 && !opts->experts
-                     ? (opts->ram_budget ? budget_left(e, opts, true, &unused, err) : DF_OK)
+                     ? (opts->ram_budget ? dense_budget(e, opts, err) : DF_OK)
                      : setup_streaming(e, opts, err);
         if (rc) {
             free_replay(e);
@@ -535,12 +684,30 @@ uint64_t df_engine_session_bytes(const df_engine *e, int max_ctx) {
 
 const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
 
+static void mem_stats(const df_engine *e, df_stats *o) {
+    const df_mem_plan *p = &e->plan;
+    if (!p->context) return;
+    uint64_t cache = e->store ? df_mul_sat(df_store_slots(e->store), df_store_slot_bytes(e->store)) : 0;
+    uint64_t sum = df_add_sat(plan_total(p, p->session), cache);
+    o->ram_budget = e->ram_budget;
+    o->mem_estimate = sum > p->load_peak ? sum : p->load_peak;
+    o->mem_resident = p->resident;
+    o->mem_load_peak = p->load_peak;
+    o->mem_session = p->session;
+    o->mem_slack = p->slack;
+    o->mem_reserve = p->reserve;
+    o->mem_context = p->context;
+    o->cache_sizing = e->cache_sizing;
+    o->mem_available = p->available;
+}
+
 void df_engine_stats(const df_engine *e, df_stats *o) {
     memset(o, 0, sizeof *o);
     o->tokens = e->tokens;
     o->eval_s = e->eval_s;
     o->expert_source = "resident";
     o->replay_routing = e->replay_path;
+    mem_stats(e, o);
     if (!e->store) return;
     df_store_stats s = df_store_get_stats(e->store);
     o->read_wait_s = s.wait_s;

@@ -306,6 +306,38 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
+/* "512.0 MiB", "400.0 TiB": a budget may be anything from a few MiB up. */
+static const char *size_str(char *buf, size_t n, uint64_t bytes) {
+    static const char *unit[] = {"MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes / 1048576.0;
+    int u = 0;
+    while (v >= 1024 && u < 4) v /= 1024, u++;
+    snprintf(buf, n, "%.1f %s", v, unit[u]);
+    return buf;
+}
+
+/* --stats: the memory the engine counted next to what the process took, and
+ * what set the expert cache's size. */
+static void mem_report(const df_stats *b) {
+    char s1[32], s2[32], s3[32];
+    double mib = 1048576.0;
+    if (!b->mem_estimate) return;
+    fprintf(stderr, "  memory: ");
+    if (b->ram_budget) fprintf(stderr, "budget %s, ", size_str(s1, sizeof s1, b->ram_budget));
+    fprintf(stderr, "estimated %s, peak RSS %s", size_str(s2, sizeof s2, b->mem_estimate),
+            size_str(s3, sizeof s3, peak_rss_bytes()));
+    if (!b->cache_sizing) fprintf(stderr, "\n");
+    else if (!strcmp(b->cache_sizing, "all experts fit")) fprintf(stderr, "; expert cache: all experts fit\n");
+    else if (!strcmp(b->cache_sizing, "available memory"))
+        fprintf(stderr, "; expert cache sized to the available memory (%s)\n",
+                size_str(s1, sizeof s1, b->mem_available));
+    else fprintf(stderr, "; expert cache sized by %s\n", b->cache_sizing);
+    fprintf(stderr, "    (estimate in MiB: resident at open %.1f, loading peak %.1f, session %.1f at %d tokens, "
+            "slack %.1f, reserve %.1f, expert cache %.1f)\n", (double)b->mem_resident / mib,
+            (double)b->mem_load_peak / mib, (double)b->mem_session / mib, b->mem_context,
+            (double)b->mem_slack / mib, (double)b->mem_reserve / mib, (double)b->cache_bytes / mib);
+}
+
 static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
                     const df_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
                     double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
@@ -339,6 +371,7 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);
+        mem_report(b);
         if (b->replay_routing)
             fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->replay_routing);
     }
@@ -352,7 +385,10 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "\"prefetch_recall\":%.4f,\"prefetch_precision\":%.4f,"
                 "\"io_bound_tokens_per_s\":%.6f,\"fraction_of_bound\":%.4f,\"peak_rss_bytes\":%llu,"
                 "\"active_bytes_per_token\":%llu,\"eval_s\":%.6f,\"ttft_s\":%.6f,\"ram_budget\":%llu,"
-                "\"cache_bytes\":%llu,\"expert_bytes\":%llu,\"io_bw_gbs\":%.4f,\"storage_bytes_read\":%llu,",
+                "\"cache_bytes\":%llu,\"expert_bytes\":%llu,\"io_bw_gbs\":%.4f,\"storage_bytes_read\":%llu,"
+                "\"mem_estimate_bytes\":%llu,\"mem_resident_bytes\":%llu,\"mem_load_peak_bytes\":%llu,"
+                "\"mem_session_bytes\":%llu,\"mem_slack_bytes\":%llu,\"mem_reserve_bytes\":%llu,"
+                "\"mem_context\":%d,\"cache_sizing\":\"%s\",\"mem_available_bytes\":%llu,",
                 n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
                 (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
                 (unsigned long long)waste, bw / 1e9, wait, b->prefetch ? b->prefetch : "off",
@@ -364,7 +400,11 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token,
                 b->eval_s - a->eval_s, prefill_s, (unsigned long long)ram_budget,
                 (unsigned long long)b->cache_bytes, (unsigned long long)info->bytes_experts, io_bw,
-                (unsigned long long)storage_bytes);
+                (unsigned long long)storage_bytes, (unsigned long long)b->mem_estimate,
+                (unsigned long long)b->mem_resident, (unsigned long long)b->mem_load_peak,
+                (unsigned long long)b->mem_session, (unsigned long long)b->mem_slack,
+                (unsigned long long)b->mem_reserve, b->mem_context,
+                b->cache_sizing ? b->cache_sizing : "", (unsigned long long)b->mem_available);
     if (ev) {
         json_routing(ev, b);
         fprintf(ev, "}\n");
@@ -419,10 +459,13 @@ static const char RUN_HELP[] =
     "                       is read once per chunk (1..65536, default 512; at most --ctx)\n"
     "  --print-ids          print generated token ids instead of text\n"
     "  --experts DIRS       stream routed experts from an expert pack (deltafin pack);\n"
-    "                       comma-separated directories, one per drive, none empty\n"
+    "                       comma-separated directories, one per drive, none empty. Without\n"
+    "                       a budget the cache holds every expert, or what available memory\n"
+    "                       allows\n"
     "  --ram-budget SIZE    keep the whole process within SIZE (e.g. 8G): the expert cache\n"
-    "                       gets what the always-active weights and context leave; without\n"
-    "                       --experts, experts stream from the safetensors (page cache)\n"
+    "                       gets what the always-active weights, the tokenizer and a --ctx\n"
+    "                       session leave; without --experts, experts stream from the\n"
+    "                       safetensors (page cache). --stats: the estimate vs the peak\n"
     "  --expert-cache SIZE  size the expert cache directly instead of from --ram-budget\n"
     "  --policy P           expert cache policy: deltafin (default) or lru\n"
     "  --prefetch MODE      read predicted experts ahead of need: on (per layer the better\n"

@@ -281,4 +281,56 @@ else
         && ok spec-budget-cache-shrinks || bad spec-budget-cache-shrinks "cache ${c0:-?} vs ${c1:-?} with the draft: $(tail -2 "$T/err")"
 fi
 
+# ---- the expert cache's size: --experts without a budget takes every expert
+# (or what the machine has), and no size wraps (an unlimited cache once became
+# a negative slot count: "less than one expert"); --stats says what set it
+DP=$T/demo-pack
+if "$ENG" pack --model "$DM" --out "$DP" >"$T/out" 2>&1; then
+    # cache_run NAME PATTERN [ENV=VALUE...] -- ARGS... : run exits 0 and --stats matches PATTERN
+    cache_run() {
+        local name=$1 pat=$2 envs=(); shift 2
+        while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+        if env "${envs[@]}" "$ENG" run --model "$DM" --experts "$DP" --prompt hi --max-new 2 --stats "$@" \
+               >"$T/out" 2>"$T/err" && grep -qE -- "$pat" "$T/err"; then ok "$name"
+        else bad "$name" "$(grep -E 'deltafin:|memory' "$T/err" | head -2)"; fi
+    }
+    cache_run experts-no-budget "estimated .*; expert cache: all experts fit" --
+    cache_run budget-400T "budget 400.0 TiB, estimated .*all experts fit" -- --ram-budget 400T
+    cache_run budget-1000T "budget 1000.0 TiB, .*all experts fit" -- --ram-budget 1000T
+    cache_run budget-1e18 "all experts fit" -- --ram-budget 1e18
+    cache_run expert-cache-1e18 "all experts fit" -- --expert-cache 1e18
+    cache_run pin-1e18 "all experts fit" -- --ram-budget 1e18 --pin 1e18
+    cache_run no-budget-available "sized to the available memory \(160.0 MiB\)" DF_TEST_MEM_AVAILABLE=160M --
+    cache_run budget-over-available "budget 400.0 TiB, .*sized to the available memory \(40.0 MiB\)" \
+        DF_TEST_MEM_AVAILABLE=40M -- --ram-budget 400T
+    DF_TEST_MEM_AVAILABLE=100M expect_error no-budget-no-memory \
+        "no --ram-budget or --expert-cache given, and the memory available \(100.0 MiB.* less than one expert" \
+        "$ENG" run --model "$DM" --experts "$DP" --prompt hi --max-new 2
+    expect_error expert-cache-below-one "--expert-cache sets 0.0 MiB for the expert cache: less than one expert" \
+        "$ENG" run --model "$DM" --experts "$DP" --prompt hi --max-new 2 --expert-cache 1K
+    # serve opens the engine the same way: it starts and answers with a pack and no
+    # budget, and with a budget its session is the one the budget was sized for
+    SPORT=$((19000 + $$ % 1000))
+    serve_ok() { # NAME ARGS...
+        local name=$1 spid code=; shift
+        "$ENG" serve --model "$DM" --threads 2 --port "$SPORT" --experts "$DP" "$@" >"$T/serve.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 300); do
+            code=$(curl -s -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+                   "http://127.0.0.1:$SPORT/v1/completions" --data-binary '{"prompt":"hi","max_tokens":2}')
+            [ "$code" = 200 ] && break
+            kill -0 "$spid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+        [ "$code" = 200 ] && ok "$name" || bad "$name" "HTTP ${code:-none}: $(head -c 300 "$T/serve.log")"
+        SPORT=$((SPORT + 1))
+    }
+    serve_ok serve-experts-no-budget
+    serve_ok serve-budget-400T --ram-budget 400T
+    serve_ok serve-budget-ctx --ram-budget 64M --ctx 64
+else
+    bad demo-pack "$(tail -3 "$T/out")"
+fi
+
 finish

@@ -507,6 +507,43 @@ static void test_dense_copy(void **state) {
     df_model_free(&m);
 }
 
+/* Sizes that would wrap give every expert a slot and no more: no budget (an
+ * unlimited cache once became a negative slot count, "less than one
+ * expert"), budgets and caches up to 2^64 - 1 bytes, a pinned tier as large;
+ * and the stats say what set the cache's size and what the engine expects
+ * to be resident. */
+static void test_huge_sizes(void **state) {
+    (void)state;
+    const uint64_t huge[] = {0, (uint64_t)400 << 40, UINT64_MAX};
+    df_stats every;
+    arm a = {pack1, 64, 1, NTOK, NULL, 0}; /* more than every expert: capped to all + transient */
+    free(run(&a, &every));
+    for (int src = 0; src < 2; src++) {
+        for (int i = 0; i < 3; i++) {
+            for (int as_cache = 0; as_cache < 2; as_cache++) {
+                if (!huge[i] && (as_cache || !src)) continue; /* no budget: only with a pack */
+                df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = src ? pack1 : NULL};
+                if (as_cache) o.expert_cache = huge[i], o.pin_bytes = huge[i];
+                else o.ram_budget = huge[i];
+                df_engine *e;
+                df_error err;
+                if (df_engine_open(&e, &o, &err))
+                    fail_msg("%s, %s %llu: %s", src ? "pack" : "safetensors", as_cache ? "cache" : "budget",
+                             (unsigned long long)huge[i], err.msg);
+                df_stats st;
+                df_engine_stats(e, &st);
+                assert_int_equal(st.cache_slots, every.cache_slots);
+                assert_true(st.pinned_experts <= st.cache_slots);
+                assert_non_null(st.cache_sizing);
+                assert_string_equal(st.cache_sizing, "all experts fit");
+                assert_true(st.mem_estimate >= st.mem_resident + st.cache_bytes);
+                assert_int_equal(st.ram_budget, o.ram_budget);
+                df_engine_close(e);
+            }
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_every_budget), cmocka_unit_test(test_striped),
@@ -516,6 +553,7 @@ int main(void) {
         cmocka_unit_test(test_missing_pack),      cmocka_unit_test(test_sim_disk),
         cmocka_unit_test(test_prefetch_exact),    cmocka_unit_test(test_prefetch_stats),
         cmocka_unit_test(test_prefetch_bad_options), cmocka_unit_test(test_dense_copy),
+        cmocka_unit_test(test_huge_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -291,6 +291,41 @@ static char *model_dir_of(const df_model *m) {
     return d;
 }
 
+/* Data samples: two checkpoints with the same config and shapes (a fine-tune)
+ * differ here, at the cost of a few small reads instead of hashing every byte.
+ * Read with pread(), not through the model's mapping: a touched page of the
+ * mapping (and the fault-around pages next to it) would stay in our RSS, and
+ * with experts streaming under a budget that was 40 MiB of expert bytes on
+ * a 6-layer, 64-expert checkpoint that the budget did not count. */
+static int fp_samples(XXH3_state_t *st, const df_model *m, df_error *err) {
+    const df_config *c = &m->cfg;
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        if (!m->layers[li].is_moe) continue;
+        int ex[3] = {0, c->num_experts / 2, c->num_experts - 1};
+        for (int j = 0; j < 3; j++) {
+            if ((j == 1 && ex[1] == ex[0]) || (j == 2 && (ex[2] == ex[1] || ex[2] == ex[0])))
+                continue;
+            for (int k = 0; k < 3; k++) {
+                const df_tensor *t = expert_part(&m->layers[li].experts[ex[j]], k)->t;
+                uint64_t len = t->nbytes < 64 ? t->nbytes : 64;
+                uint64_t offs[3] = {0, (t->nbytes / 2) & ~(uint64_t)63, t->nbytes - len};
+                for (int s = 0; s < 3; s++) {
+                    uint8_t buf[64];
+                    if (offs[s] + len > t->nbytes) offs[s] = t->nbytes - len;
+                    ssize_t got = df_pread_full(df_st_file_fd(m->st, t->file), buf, (size_t)len,
+                                                t->file_offset + offs[s]);
+                    if (got != (ssize_t)len)
+                        return df_fail(err, DF_ERR_IO, "%s: tensor '%s': %s", df_st_file_path(m->st, t->file),
+                                       t->name, got < 0 ? strerror(errno) : "unexpected end of file");
+                    fp_u64(st, offs[s]);
+                    XXH3_128bits_update(st, buf, (size_t)len);
+                }
+            }
+        }
+    }
+    return DF_OK;
+}
+
 int df_pack_fingerprint(const df_model *m, const char *model_dir, char out[DF_PACK_FP_HEX + 1],
                         df_error *err) {
     if (!m || !out) return df_fail(err, DF_ERR_ARG, "df_pack_fingerprint: bad arguments");
@@ -332,25 +367,10 @@ int df_pack_fingerprint(const df_model *m, const char *model_dir, char out[DF_PA
                 for (int d = 0; d < t->ndim; d++) fp_u64(st, (uint64_t)t->shape[d]);
             }
     }
-    /* Data samples: two checkpoints with the same config and shapes (a fine-tune)
-     * differ here, at the cost of a few page reads instead of hashing every byte. */
-    for (int li = 0; li < c->num_hidden_layers; li++) {
-        if (!m->layers[li].is_moe) continue;
-        int ex[3] = {0, c->num_experts / 2, c->num_experts - 1};
-        for (int j = 0; j < 3; j++) {
-            if ((j == 1 && ex[1] == ex[0]) || (j == 2 && (ex[2] == ex[1] || ex[2] == ex[0])))
-                continue;
-            for (int k = 0; k < 3; k++) {
-                const df_tensor *t = expert_part(&m->layers[li].experts[ex[j]], k)->t;
-                uint64_t len = t->nbytes < 64 ? t->nbytes : 64;
-                uint64_t offs[3] = {0, (t->nbytes / 2) & ~(uint64_t)63, t->nbytes - len};
-                for (int s = 0; s < 3; s++) {
-                    if (offs[s] + len > t->nbytes) offs[s] = t->nbytes - len;
-                    fp_u64(st, offs[s]);
-                    XXH3_128bits_update(st, (const uint8_t *)t->data + offs[s], (size_t)len);
-                }
-            }
-        }
+    rc = fp_samples(st, m, err);
+    if (rc) {
+        XXH3_freeState(st);
+        return rc;
     }
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);

@@ -259,8 +259,8 @@ static int setup_cache(df_store *s, const df_store_opts *o, int n_moe, df_cache_
         if (lr == DF_HEAT_CORRUPT || lr == DF_HEAT_MISMATCH)
             fprintf(stderr, "deltafin: warning: %s\n", why.msg);
     }
-    int n_pin = o->pin_bytes ? (int)(o->pin_bytes / s->slot_bytes) : 0;
-    if (n_pin > s->n_cache) n_pin = s->n_cache;
+    uint64_t pin_want = o->pin_bytes / s->slot_bytes; /* 64 bits: --pin 1T is not a negative count */
+    int n_pin = pin_want < (uint64_t)s->n_cache ? (int)pin_want : s->n_cache;
     df_cache_opts co = {.n_layers = n_moe, .n_experts = s->E, .top_k = top_k,
                         .n_slots = s->n_cache, .policy = policy, .initial_heat = &heat,
                         .n_pinned = n_pin};
@@ -351,6 +351,26 @@ static int next_cqe(df_store *s, bool block, uint64_t *d, int *res) {
 
 /* ---- open / close ------------------------------------------------------------------ */
 
+/* n_slots and arena_bytes for cache_bytes of slots: never more than every
+ * expert plus the transient slots. The count is taken in 64 bits and capped
+ * before it becomes an int: a cache of "everything" (a budget of 400T) once
+ * wrapped to a negative count and was refused as less than one expert. */
+static int size_slots(df_store *s, uint64_t cache_bytes, int n_moe, const char *what, df_error *err) {
+    uint64_t want = cache_bytes / s->slot_bytes;
+    if (want < 1)
+        return df_fail(err, DF_ERR_ARG, "%s %.1f MiB for the expert cache: less than one expert (%.1f MiB)",
+                       what ? what : "the expert cache size leaves", (double)cache_bytes / 1048576.0,
+                       (double)s->slot_bytes / 1048576.0);
+    uint64_t top_k = (uint64_t)s->m->cfg.num_experts_per_tok;
+    uint64_t trans = want / 8 < top_k ? want / 8 : top_k; /* n_transient() of want slots */
+    uint64_t most = (uint64_t)n_moe * (uint64_t)s->E + (trans < 1 ? 1 : trans);
+    s->n_slots = (int)(want < most ? want : most);
+    if (__builtin_mul_overflow(s->slot_bytes, (size_t)s->n_slots, &s->arena_bytes))
+        return df_fail(err, DF_ERR_NOMEM, "an expert cache of %d slots of %zu bytes is too large", s->n_slots,
+                       s->slot_bytes);
+    return DF_OK;
+}
+
 int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_error *err) {
     *out = NULL;
     const df_config *c = &m->cfg;
@@ -392,21 +412,12 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
             }
         }
     }
-    s->n_slots = (int)(o->cache_bytes / s->slot_bytes);
-    if (s->n_slots < 1) {
-        rc = df_fail(err, DF_ERR_ARG,
-                     "the RAM budget leaves %.1f MiB for experts, less than one expert (%.1f MiB)",
-                     (double)o->cache_bytes / 1048576.0, (double)s->slot_bytes / 1048576.0);
-        goto fail;
-    }
-    /* never more slots than every expert plus the transient ones */
     int n_moe = 0;
     for (int li = 0; li < s->L; li++) n_moe += m->layers[li].is_moe;
+    if ((rc = size_slots(s, o->cache_bytes, n_moe, o->cache_what, err))) goto fail;
     if (pf_mode != DF_PF_OFF)
         s->pf = df_pf_new(n_moe, s->E, c->num_experts_per_tok, (df_pf_mode)pf_mode,
                           o->prefetch_depth ? o->prefetch_depth : 1, min_recall, min_precision);
-    if (s->n_slots > n_moe * s->E + n_transient(s)) s->n_slots = n_moe * s->E + n_transient(s);
-    s->arena_bytes = s->slot_bytes * (size_t)s->n_slots;
     s->arena = mmap(NULL, s->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (s->arena == MAP_FAILED) {
         s->arena = NULL;
@@ -509,6 +520,11 @@ void df_store_close(df_store *s) {
 }
 
 int df_store_slots(const df_store *s) { return s->n_slots; }
+bool df_store_holds_all(const df_store *s) {
+    int n_moe = 0;
+    for (int li = 0; li < s->L; li++) n_moe += s->m->layers[li].is_moe;
+    return (int64_t)s->n_cache >= (int64_t)n_moe * s->E;
+}
 size_t df_store_slot_bytes(const df_store *s) { return s->slot_bytes; }
 bool df_store_direct(const df_store *s) { return s->pack && df_pack_is_direct(s->pack, 0); }
 const char *df_store_source(const df_store *s) { return s->pack ? "pack" : "safetensors"; }

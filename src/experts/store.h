@@ -19,7 +19,11 @@ typedef struct df_store df_store;
 typedef struct df_store_opts {
     const char *const *pack_dirs; /* NULL/0: stream from the safetensors files */
     int n_pack_dirs;
-    uint64_t cache_bytes;         /* RAM for expert slots */
+    uint64_t cache_bytes;         /* RAM for expert slots (more than every expert
+                                     needs is fine: the slots stop there) */
+    const char *cache_what;       /* where cache_bytes came from, for the error when
+                                     it is less than one expert ("--expert-cache
+                                     sets"; NULL: a plain wording) */
     const char *policy;           /* "deltafin" (default) or "lru" */
     uint64_t pin_bytes;           /* pinned tier, filled from the persisted heat */
     const char *heat_path;        /* NULL: experts.heat in the first pack directory
@@ -53,6 +57,7 @@ typedef struct df_store_stats {
 int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_error *err);
 void df_store_close(df_store *s);
 int df_store_slots(const df_store *s);
+bool df_store_holds_all(const df_store *s); /* every expert has a cache slot */
 size_t df_store_slot_bytes(const df_store *s);
 bool df_store_direct(const df_store *s); /* reads bypass the page cache */
 const char *df_store_source(const df_store *s); /* "pack" or "safetensors" */

@@ -37,6 +37,19 @@ void *df_aligned_alloc(size_t n);
 
 double df_now(void); /* monotonic seconds */
 
+/* Byte counts that must never wrap (a --ram-budget of 1e18, a product of a
+ * config's dimensions): sums and products saturate at UINT64_MAX, and a
+ * difference stops at 0. */
+static inline uint64_t df_add_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+static inline uint64_t df_mul_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+static inline uint64_t df_sub_floor(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
 /* Element types of stored tensors. Only F32/F16/BF16 can be computed with. */
 typedef enum df_dtype {
     DF_DT_F32 = 0,
