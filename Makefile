@@ -23,7 +23,9 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 ISA_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
 ISA_AVX2   := -mavx2 -mfma -mf16c
 
-SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer
+# The test build (sanitizers) also compiles the test-only fault hooks (DF_TEST_HOOKS):
+# injected I/O faults, interrupted pack writes. The release build has none.
+SAN_FLAGS := -DDF_TEST_HOOKS -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer
 
 LIB_SRC  := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
 TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)

@@ -21,6 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The products over a raw (data, dtype) matrix [N][K], as a view. */
+static void mm(df_pool *p, float *y, int ldy, const float *x, int ldx, const void *w, df_dtype dt, int T,
+               int N, int K) {
+    df_wview v = df_wview_make(w, dt, N, K);
+    df_matmul(p, y, ldy, x, ldx, &v, T);
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -52,6 +59,7 @@ static uint64_t read_scalar(const uint64_t *p, size_t n) {
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
 /* 32-byte loads like the kernels' (only called when AVX2 is usable) */
 __attribute__((target("avx2"))) static uint64_t read_avx2(const uint64_t *p, size_t n) {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
@@ -137,13 +145,13 @@ static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_
     if (copies < 1) copies = 1;
     double v[16], bwv[16];
     size_t ci = 0;
-    df_matmul(pool, y, N, x, K, wbig, DF_DT_BF16, T, N, K); /* warm-up */
+    mm(pool, y, N, x, K, wbig, DF_DT_BF16, T, N, K); /* warm-up */
     for (int r = 0; r < reps; r++) {
         bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, 256);
         int calls = 0;
         double t0 = df_now(), t;
         do {
-            df_matmul(pool, y, N, x, K, wbig + (ci % copies) * mbytes, DF_DT_BF16, T, N, K);
+            mm(pool, y, N, x, K, wbig + (ci % copies) * mbytes, DF_DT_BF16, T, N, K);
             ci++;
             calls++;
             t = df_now();

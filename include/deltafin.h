@@ -1,6 +1,15 @@
 /*
  * deltafin.h - the public API of deltafin.
  *
+ * The product API; benchmark and test controls are elsewhere (src/engine/dev.h).
+ * Thread safety: an engine, its sessions and speculative decoders are used
+ * from one thread at a time (evaluation drives the expert store, which has
+ * one layer in flight); callers that evaluate from several threads serialise
+ * those calls themselves (the server runs one worker). df_engine_info,
+ * df_tokenize, df_token_bytes, df_is_stop_token, df_chat_render and
+ * df_chat_tokenize only read the engine and may run on other threads at the
+ * same time. A sampler and a df_text_stream belong to one thread at a time.
+ *
  * Two objects: an engine (a loaded model: config, tokenizer, weights and, later,
  * its expert store) and sessions (one KV-cache timeline each, many per engine).
  * The CLI and the server use only this header. Every function that can fail
@@ -63,33 +72,11 @@ typedef struct df_engine_opts {
     const char *cache_policy; /* "deltafin" (default) or "lru" */
     uint64_t pin_bytes;    /* pinned tier: hottest experts (persisted heat) read
                               in at start-up and never evicted */
-    /* Read-ahead of streamed experts. prefetch: "on" = per layer, the better
-     * of the router lookahead and the previous token's experts while its
-     * running recall reaches prefetch_min_recall, else nothing; "router" or
-     * "prev" force one predictor; NULL/"off": none. prefetch_depth: MoE layers ahead the
-     * router lookahead runs (1..8, 0 = 1). prefetch_min_recall: 0 = 0.5.
-     * prefetch_min_precision: "on" reads a prediction only if, of the earlier
-     * uncached predictions of its rank (in its layer), at least this share was
-     * used (running); 0 = 0.5. */
+    /* Read-ahead of streamed experts: "on" = per layer, the better of the
+     * router lookahead and the previous token's experts while it predicts
+     * well and a time gate finds it pays, else nothing; "router" or "prev"
+     * force one predictor; NULL/"off": none (docs/prefetch.md). */
     const char *prefetch;
-    int prefetch_depth;
-    double prefetch_min_recall;
-    double prefetch_min_precision;
-    /* Benchmarks and tests only: a routing trace (# moe-routing-trace v1) whose
-     * tokens, in file order, choose the experts of the rows evaluated, one trace
-     * token per row, wrapping around at the end. The router still runs and the
-     * weights are its softmax probabilities of the replayed ids (renormalised
-     * when the model renormalises its top-k), so compute and bytes are those of
-     * a model that routed this way; the output is not the model's own. The
-     * trace's MoE layer count, experts per layer and top-k must match the
-     * model. NULL: the model's own routing. The server never sets it. */
-    const char *replay_routing;
-    /* Benchmarks only: expert reads from the pack are handed over no earlier
-     * than a disk of this many bytes/s would finish them, serving them in
-     * submission order with no credit for time it sat idle (a bandwidth that
-     * is known and constant, on a machine whose disk is faster and varies).
-     * Needs a pack; 0: off. The server never sets it. */
-    double sim_disk_bps;
     /* Bytes the budget must also hold for something outside this engine that
      * the process keeps resident (a draft model: df_spec_draft_bytes), and
      * what it is, for the budget's error message. */
@@ -140,22 +127,11 @@ typedef struct df_stats {
     const char *expert_source;  /* "resident", "pack" or "safetensors" */
     int direct_io;              /* pack read with O_DIRECT */
     const char *prefetch;       /* "off", "on", "router" or "prev" */
-    int prefetch_depth;
     uint64_t prefetch_reads;    /* records read on a prediction */
     uint64_t prefetch_hits;     /* misses whose read a prediction had started */
     uint64_t prefetch_bytes_used;
     uint64_t prefetch_bytes_wasted; /* read on a prediction the layer did not use */
     uint64_t prefetch_no_room;  /* predicted experts not read for lack of a free slot */
-    /* over all MoE layers and the steps where a prediction was issued: experts
-     * predicted, of those used, and used (recall = correct / actual) */
-    uint64_t prefetch_predicted, prefetch_correct, prefetch_actual;
-    /* "on" mode's time gate: "probing", "on", "off" ("forced" in router/prev
-     * mode), and its last probe's speed-up (step time without / with) */
-    const char *prefetch_gate;
-    double prefetch_speedup;
-    const char *replay_routing; /* trace the routing is replayed from, NULL: the
-                                   model's own routing */
-    double sim_disk_bps;        /* df_engine_opts.sim_disk_bps in use, 0: none */
     /* Memory, as counted when the engine was opened (zero, NULL when nothing
      * was sized: experts resident and no budget). mem_estimate is the peak
      * RSS the engine expects: what it measured (weights kept in RAM,
@@ -170,24 +146,6 @@ typedef struct df_stats {
     uint64_t mem_available;     /* the machine's available memory then (MemAvailable) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
-
-/* Per MoE layer prediction quality. predicted/correct/actual count experts over
- * the steps where a prediction was issued: recall = correct/actual, precision =
- * correct/predicted. recall_router/recall_prev are the running recalls the gate
- * compares; `using` is what the layer uses now ("router", "prev", "none"). */
-typedef struct df_prefetch_layer {
-    int layer;            /* model layer */
-    const char *using;
-    double recall_router, recall_prev;
-    /* Running read precision (the share of uncached predictions that the layer
-     * used) of the router's first choice and of the previous step's set; how
-     * many of the router's ranks "on" reads now. */
-    double precision_first, precision_prev;
-    int ranks_read;
-    uint64_t predicted, correct, actual;
-} df_prefetch_layer;
-/* Fills up to cap entries; returns the number of MoE layers (0: not streaming). */
-int df_engine_prefetch_layers(const df_engine *eng, df_prefetch_layer *out, int cap);
 
 /* Human-readable config, tensor inventory and byte counts. */
 void df_engine_inspect(const df_engine *eng, FILE *out);
@@ -245,10 +203,22 @@ int df_chat_render(const df_engine *eng, const df_chat_msg *msgs, int n_msgs,
 int df_session_new(df_session **out, df_engine *eng, int max_context, df_error *err);
 void df_session_free(df_session *s);
 int df_session_pos(const df_session *s);
+df_engine *df_session_engine(const df_session *s);
+/* The tokens the session holds: its first df_session_pos tokens, valid until
+ * the next call that changes it. */
+const int32_t *df_session_tokens(const df_session *s);
 /* The most positions the session can hold (its max_context). */
 int df_session_capacity(const df_session *s);
-/* Forget everything from position `pos` on (for rejected drafts, prefix reuse). */
-int df_session_truncate(df_session *s, int pos, df_error *err);
+/* Returning to an earlier position (rejected drafts, prefix reuse). A model
+ * whose state has one entry per position (a key/value or latent cache) can
+ * return to any earlier position; a model with recurrent state only to the
+ * positions it was asked to keep before evaluation passed them, and to 0.
+ * df_session_keep asks for pos (beyond the current position) to be kept;
+ * df_session_rollback returns to pos or, when pos cannot be restored, to the
+ * nearest earlier position that can, and returns the position it is at now
+ * (<= pos), or -1 with err for a pos outside 0..df_session_pos. */
+void df_session_keep(df_session *s, int pos);
+int df_session_rollback(df_session *s, int pos, df_error *err);
 /* Called after every layer of a forward pass over `rows` rows, for progress
  * displays on long prompts. */
 typedef void (*df_progress_fn)(void *user, int layer, int n_layers, int rows_done, int rows_total);
@@ -314,7 +284,6 @@ typedef struct df_spec_opts {
     int lookup_n;     /* lookup: longest n-gram to match (1..16; 0 = 3) */
     int n_threads;    /* draft model threads (0 = all CPUs) */
     const char *isa;  /* draft model kernel path (NULL = auto) */
-    int fixed_depth;  /* > 0: always draft this many, no gate (for measurement) */
     int rejection;    /* sampling: standard rejection sampling (accept d with
                          probability min(1, p(d)/q(d))) instead of the exact
                          default, which accepts d when it is the token the
@@ -368,6 +337,61 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
 void df_spec_stats_get(const df_spec *sp, df_spec_stats *out);
 /* Human-readable summary of the stats (for --stats). */
 void df_spec_report(const df_spec *sp, FILE *out);
+
+/* ---- generation ----------------------------------------------------------- */
+
+/* The one generation loop `run` and the server use: the prompt's rows (the
+ * ones the session does not already hold), the first token from the prompt's
+ * logits, then plain or speculative steps until a stop token, max_new tokens,
+ * a full context, the caller's stop or a cancellation. A speculative run's
+ * tokens are those of the plain run (df_spec_step). */
+typedef enum df_finish {
+    DF_FINISH_STOP = 0,  /* an end-of-turn / EOS token (passed to on_token) */
+    DF_FINISH_LENGTH,    /* max_new tokens */
+    DF_FINISH_CONTEXT,   /* the session's context is full */
+    DF_FINISH_CALLER,    /* on_token asked to stop */
+    DF_FINISH_CANCELLED  /* cancelled() said so */
+} df_finish;
+
+typedef struct df_generate_opts {
+    df_sampler *sampler;      /* required */
+    df_spec *spec;            /* NULL: plain decoding */
+    int max_new;              /* most new tokens; 0: until a stop token or the context is full */
+    int prefill_chunk;        /* prompt rows per evaluation, with a cancellation check
+                                 between them; 0: the whole prompt at once */
+    int reuse_prefix;         /* keep the rows the session holds that the prompt starts with
+                                 (at least the prompt's last token is evaluated again) */
+    /* Every row of target (and draft) logits before it is sampled, with the
+     * tokens before it (e.g. the server's OpenAI penalties). */
+    df_logits_fn logits_hook;
+    void *hook_user;
+    df_progress_fn prefill_progress; /* during the prompt only (may be NULL) */
+    void *progress_user;
+    /* Teacher forcing (benchmarks, plain decoding only): the token placed at
+     * new position `index` instead of the sampled one; stop tokens then end
+     * nothing. NULL: off. */
+    int32_t (*force)(void *user, int index);
+    /* Each new token, in order; nonzero: stop after it (a stop string, ...). */
+    int (*on_token)(void *user, int32_t token);
+    void (*on_prefill)(void *user, int rows, double seconds);
+    void (*on_step)(void *user, int tokens, double seconds); /* after each decode step */
+    int (*cancelled)(void *user);   /* checked between prompt chunks and before each step */
+    void *user;
+} df_generate_opts;
+
+typedef struct df_generate_result {
+    int prompt_reused;   /* prompt tokens the session already held */
+    int produced;        /* new tokens passed to on_token */
+    int decoded;         /* of which decode steps produced (the first comes from the prompt) */
+    df_finish finish;
+    double prefill_s, decode_s;
+} df_generate_result;
+
+/* Generates after prompt[0..n) (n >= 1). The session then holds the prompt
+ * and every new token but the last. Fails on evaluation errors; the session
+ * stays consistent (df_session_tokens) and may be used again. */
+int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
+                df_generate_result *res, df_error *err);
 
 #ifdef __cplusplus
 }

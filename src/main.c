@@ -15,6 +15,7 @@
  * 1 an unexpected runtime failure.
  */
 #include "deltafin.h"
+#include "engine/dev.h" /* FIXME(front ends): dev controls move to bench */
 #include "cli/args.h"
 
 #include <errno.h>
@@ -31,6 +32,17 @@
 int df_cache_sim_main(int argc, char **argv);
 int df_pack_main(int argc, char **argv);
 int df_serve_main(int argc, char **argv);
+
+/* The public statistics and the benchmark ones, in one record. */
+typedef struct cli_stats {
+    df_stats s;
+    df_dev_stats d;
+} cli_stats;
+
+static void cli_get_stats(const df_engine *e, cli_stats *o) {
+    df_engine_stats(e, &o->s);
+    df_engine_dev_stats(e, &o->d);
+}
 
 static void die_err(const df_error *e) {
     fprintf(stderr, "deltafin: %s\n", e->msg);
@@ -165,15 +177,14 @@ static df_engine *open_engine(const opts *o) {
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa,
                          .experts = o->experts, .ram_budget = o->ram_budget, .context = o->ctx,
                          .expert_cache = o->expert_cache, .cache_policy = o->policy,
-                         .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch,
-                         .prefetch_depth = o->prefetch_depth,
-                         .prefetch_min_recall = o->prefetch_min_recall,
+                         .pin_bytes = o->pin, .prefill_chunk = o->chunk, .prefetch = o->prefetch};
+    df_engine_dev dev = {.prefetch_depth = o->prefetch_depth, .prefetch_min_recall = o->prefetch_min_recall,
                          .prefetch_min_precision = o->prefetch_min_precision, .replay_routing = o->replay,
                          .sim_disk_bps = o->sim_disk * 1e9};
     char what[600];
     if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) die_err(&err);
     df_engine *e;
-    if (df_engine_open(&e, &eo, &err)) die_err(&err);
+    if (df_engine_open_dev(&e, &eo, &dev, &err)) die_err(&err);
     int max = df_engine_info(e)->max_context;
     if (o->ctx > max) cli_die("--ctx %d exceeds the model's context of %d tokens", o->ctx, max);
     return e;
@@ -210,26 +221,26 @@ static void json_str(FILE *f, const char *s) {
 }
 
 /* Events of replayed routing say so: their output is not the model's own. */
-static void json_routing(FILE *f, const df_stats *b) {
-    if (b->sim_disk_bps > 0) fprintf(f, "\"sim_disk_gbs\":%.4f,", b->sim_disk_bps / 1e9);
-    fprintf(f, "\"routing\":\"%s\"", b->replay_routing ? "replay" : "model");
-    if (b->replay_routing) {
+static void json_routing(FILE *f, const cli_stats *b) {
+    if (b->d.sim_disk_bps > 0) fprintf(f, "\"sim_disk_gbs\":%.4f,", b->d.sim_disk_bps / 1e9);
+    fprintf(f, "\"routing\":\"%s\"", b->d.replay_routing ? "replay" : "model");
+    if (b->d.replay_routing) {
         fprintf(f, ",\"replay_trace\":\"");
-        json_str(f, b->replay_routing);
+        json_str(f, b->d.replay_routing);
         fputc('"', f);
     }
 }
 
 /* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
  * between counter snapshots a and b in `secs` of wall time. */
-static void report(FILE *ev, bool text, const char *what, int rows, const df_stats *a,
-                   const df_stats *b, double secs) {
-    uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
-    uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
-    uint64_t pf_hits = b->prefetch_hits - a->prefetch_hits;
-    uint64_t pf_used = b->prefetch_bytes_used - a->prefetch_bytes_used;
-    uint64_t pf_waste = b->prefetch_bytes_wasted - a->prefetch_bytes_wasted;
-    double wait = b->read_wait_s - a->read_wait_s, compute = secs - wait;
+static void report(FILE *ev, bool text, const char *what, int rows, const cli_stats *a,
+                   const cli_stats *b, double secs) {
+    uint64_t bytes = b->s.expert_bytes_read - a->s.expert_bytes_read;
+    uint64_t hits = b->s.expert_hits - a->s.expert_hits, miss = b->s.expert_misses - a->s.expert_misses;
+    uint64_t pf_hits = b->s.prefetch_hits - a->s.prefetch_hits;
+    uint64_t pf_used = b->s.prefetch_bytes_used - a->s.prefetch_bytes_used;
+    uint64_t pf_waste = b->s.prefetch_bytes_wasted - a->s.prefetch_bytes_wasted;
+    double wait = b->s.read_wait_s - a->s.read_wait_s, compute = secs - wait;
     if (text && strcmp(what, "token") == 0)
         fprintf(stderr,
                 "[%s] %.3f s (%.2f tok/s)  read %.1f MB at %.3f GB/s  hits %llu misses %llu "
@@ -253,21 +264,21 @@ static void report(FILE *ev, bool text, const char *what, int rows, const df_sta
 }
 
 /* Per MoE layer: what the prefetcher uses and how well its predictions did. */
-static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *st) {
+static void prefetch_report(FILE *ev, bool text, df_engine *e, const cli_stats *st) {
     int n = df_engine_prefetch_layers(e, NULL, 0);
     if (!n) return;
     df_prefetch_layer *pl = malloc(sizeof *pl * (size_t)n);
     df_engine_prefetch_layers(e, pl, n);
     uint64_t P = 0, C = 0, A = 0;
     for (int i = 0; i < n; i++) P += pl[i].predicted, C += pl[i].correct, A += pl[i].actual;
-    if (text && strcmp(st->prefetch, "off") != 0) { /* off: nothing to say per layer */
+    if (text && strcmp(st->s.prefetch, "off") != 0) { /* off: nothing to say per layer */
         fprintf(stderr,
                 "prefetch: %s, depth %d, time gate %s (last probe: %.2fx); read ahead %llu experts, "
                 "%.1f MB used, %.1f MB wasted, %llu not read (no free slot); recall %.3f precision %.3f\n",
-                st->prefetch, st->prefetch_depth, st->prefetch_gate, st->prefetch_speedup,
-                (unsigned long long)st->prefetch_reads,
-                (double)st->prefetch_bytes_used / 1e6, (double)st->prefetch_bytes_wasted / 1e6,
-                (unsigned long long)st->prefetch_no_room, A ? (double)C / (double)A : 0.0,
+                st->s.prefetch, st->d.prefetch_depth, st->d.prefetch_gate, st->d.prefetch_speedup,
+                (unsigned long long)st->s.prefetch_reads,
+                (double)st->s.prefetch_bytes_used / 1e6, (double)st->s.prefetch_bytes_wasted / 1e6,
+                (unsigned long long)st->s.prefetch_no_room, A ? (double)C / (double)A : 0.0,
                 P ? (double)C / (double)P : 0.0);
         fprintf(stderr, "  layer  using   recall  precision  running recall: router  prev"
                         "  read precision: first  prev  ranks read\n");
@@ -284,9 +295,9 @@ static void prefetch_report(FILE *ev, bool text, df_engine *e, const df_stats *s
                 "\"gate_speedup\":%.4f,\"reads\":%llu,\"hits\":%llu,"
                 "\"bytes_used\":%llu,\"bytes_wasted\":%llu,\"no_room\":%llu,\"recall\":%.4f,"
                 "\"precision\":%.4f,\"layers\":[",
-                st->prefetch, st->prefetch_depth, st->prefetch_gate, st->prefetch_speedup,
-                (unsigned long long)st->prefetch_reads, (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_bytes_used,
-                (unsigned long long)st->prefetch_bytes_wasted, (unsigned long long)st->prefetch_no_room,
+                st->s.prefetch, st->d.prefetch_depth, st->d.prefetch_gate, st->d.prefetch_speedup,
+                (unsigned long long)st->s.prefetch_reads, (unsigned long long)st->s.prefetch_hits, (unsigned long long)st->s.prefetch_bytes_used,
+                (unsigned long long)st->s.prefetch_bytes_wasted, (unsigned long long)st->s.prefetch_no_room,
                 A ? (double)C / (double)A : 0.0, P ? (double)C / (double)P : 0.0);
         for (int i = 0; i < n; i++)
             fprintf(ev,
@@ -318,34 +329,34 @@ static const char *size_str(char *buf, size_t n, uint64_t bytes) {
 
 /* --stats: the memory the engine counted next to what the process took, and
  * what set the expert cache's size. */
-static void mem_report(const df_stats *b) {
+static void mem_report(const cli_stats *b) {
     char s1[32], s2[32], s3[32];
     double mib = 1048576.0;
-    if (!b->mem_estimate) return;
+    if (!b->s.mem_estimate) return;
     fprintf(stderr, "  memory: ");
-    if (b->ram_budget) fprintf(stderr, "budget %s, ", size_str(s1, sizeof s1, b->ram_budget));
-    fprintf(stderr, "estimated %s, peak RSS %s", size_str(s2, sizeof s2, b->mem_estimate),
+    if (b->s.ram_budget) fprintf(stderr, "budget %s, ", size_str(s1, sizeof s1, b->s.ram_budget));
+    fprintf(stderr, "estimated %s, peak RSS %s", size_str(s2, sizeof s2, b->s.mem_estimate),
             size_str(s3, sizeof s3, peak_rss_bytes()));
-    if (!b->cache_sizing) fprintf(stderr, "\n");
-    else if (!strcmp(b->cache_sizing, "all experts fit")) fprintf(stderr, "; expert cache: all experts fit\n");
-    else if (!strcmp(b->cache_sizing, "available memory"))
+    if (!b->s.cache_sizing) fprintf(stderr, "\n");
+    else if (!strcmp(b->s.cache_sizing, "all experts fit")) fprintf(stderr, "; expert cache: all experts fit\n");
+    else if (!strcmp(b->s.cache_sizing, "available memory"))
         fprintf(stderr, "; expert cache sized to the available memory (%s)\n",
-                size_str(s1, sizeof s1, b->mem_available));
-    else fprintf(stderr, "; expert cache sized by %s\n", b->cache_sizing);
+                size_str(s1, sizeof s1, b->s.mem_available));
+    else fprintf(stderr, "; expert cache sized by %s\n", b->s.cache_sizing);
     fprintf(stderr, "    (estimate in MiB: resident at open %.1f, loading peak %.1f, session %.1f at %d tokens, "
-            "slack %.1f, reserve %.1f, expert cache %.1f)\n", (double)b->mem_resident / mib,
-            (double)b->mem_load_peak / mib, (double)b->mem_session / mib, b->mem_context,
-            (double)b->mem_slack / mib, (double)b->mem_reserve / mib, (double)b->cache_bytes / mib);
+            "slack %.1f, reserve %.1f, expert cache %.1f)\n", (double)b->s.mem_resident / mib,
+            (double)b->s.mem_load_peak / mib, (double)b->s.mem_session / mib, b->s.mem_context,
+            (double)b->s.mem_slack / mib, (double)b->s.mem_reserve / mib, (double)b->s.cache_bytes / mib);
 }
 
-static void summary(FILE *ev, bool text, const df_model_info *info, const df_stats *a,
-                    const df_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
+static void summary(FILE *ev, bool text, const df_model_info *info, const cli_stats *a,
+                    const cli_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
                     double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
     double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
-    uint64_t bytes = b->expert_bytes_read - a->expert_bytes_read;
-    uint64_t hits = b->expert_hits - a->expert_hits, miss = b->expert_misses - a->expert_misses;
-    uint64_t waste = b->prefetch_bytes_wasted - a->prefetch_bytes_wasted;
-    double wait = b->read_wait_s - a->read_wait_s;
+    uint64_t bytes = b->s.expert_bytes_read - a->s.expert_bytes_read;
+    uint64_t hits = b->s.expert_hits - a->s.expert_hits, miss = b->s.expert_misses - a->s.expert_misses;
+    uint64_t waste = b->s.prefetch_bytes_wasted - a->s.prefetch_bytes_wasted;
+    double wait = b->s.read_wait_s - a->s.read_wait_s;
     /* Missed bytes are what the tokens needed and the cache did not hold; a
      * wrong prediction's read is waste, not need. */
     double per_tok = n_dec ? (double)(bytes > waste ? bytes - waste : 0) / n_dec : 0;
@@ -360,20 +371,20 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "  read %.1f MB (%.2f MB/token missed, %.1f MB wasted) at %.3f GB/s; waiting on reads "
                 "%.3f s (%.4f s/token), computing %.3f s\n",
                 n_prompt, prefill_s, prefill_s > 0 ? (double)n_prompt / prefill_s : 0, n_dec, dec_s, tps,
-                b->expert_source, b->cache_slots, (double)b->cache_bytes / 1048576.0,
-                b->pinned_experts, (unsigned long long)hits, (unsigned long long)miss,
+                b->s.expert_source, b->s.cache_slots, (double)b->s.cache_bytes / 1048576.0,
+                b->s.pinned_experts, (unsigned long long)hits, (unsigned long long)miss,
                 hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 0.0, (double)bytes / 1e6,
                 per_tok / 1e6, (double)waste / 1e6, bw / 1e9, wait, n_dec ? wait / n_dec : 0.0,
                 dec_s - wait);
         if (bound > 0)
             fprintf(stderr, "  I/O bound %.3f tok/s at %.3f GB/s %s: achieved %.2f of it\n", bound, io_bw,
-                    b->sim_disk_bps > 0 ? "(simulated disk)" : "measured", tps / bound);
+                    b->d.sim_disk_bps > 0 ? "(simulated disk)" : "measured", tps / bound);
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);
         mem_report(b);
-        if (b->replay_routing)
-            fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->replay_routing);
+        if (b->d.replay_routing)
+            fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->d.replay_routing);
     }
     if (ev)
         fprintf(ev,
@@ -389,22 +400,22 @@ static void summary(FILE *ev, bool text, const df_model_info *info, const df_sta
                 "\"mem_estimate_bytes\":%llu,\"mem_resident_bytes\":%llu,\"mem_load_peak_bytes\":%llu,"
                 "\"mem_session_bytes\":%llu,\"mem_slack_bytes\":%llu,\"mem_reserve_bytes\":%llu,"
                 "\"mem_context\":%d,\"cache_sizing\":\"%s\",\"mem_available_bytes\":%llu,",
-                n_prompt, prefill_s, n_dec, dec_s, tps, b->expert_source, b->cache_slots,
+                n_prompt, prefill_s, n_dec, dec_s, tps, b->s.expert_source, b->s.cache_slots,
                 (unsigned long long)hits, (unsigned long long)miss, (unsigned long long)bytes, per_tok,
-                (unsigned long long)waste, bw / 1e9, wait, b->prefetch ? b->prefetch : "off",
-                ratio(b->prefetch_correct - a->prefetch_correct, b->prefetch_actual - a->prefetch_actual),
-                ratio(b->prefetch_correct - a->prefetch_correct,
-                      b->prefetch_predicted - a->prefetch_predicted),
+                (unsigned long long)waste, bw / 1e9, wait, b->s.prefetch ? b->s.prefetch : "off",
+                ratio(b->d.prefetch_correct - a->d.prefetch_correct, b->d.prefetch_actual - a->d.prefetch_actual),
+                ratio(b->d.prefetch_correct - a->d.prefetch_correct,
+                      b->d.prefetch_predicted - a->d.prefetch_predicted),
                 bound,
                 bound > 0 ? tps / bound : 0.0,
                 (unsigned long long)peak_rss_bytes(), (unsigned long long)info->bytes_active_per_token,
-                b->eval_s - a->eval_s, prefill_s, (unsigned long long)ram_budget,
-                (unsigned long long)b->cache_bytes, (unsigned long long)info->bytes_experts, io_bw,
-                (unsigned long long)storage_bytes, (unsigned long long)b->mem_estimate,
-                (unsigned long long)b->mem_resident, (unsigned long long)b->mem_load_peak,
-                (unsigned long long)b->mem_session, (unsigned long long)b->mem_slack,
-                (unsigned long long)b->mem_reserve, b->mem_context,
-                b->cache_sizing ? b->cache_sizing : "", (unsigned long long)b->mem_available);
+                b->s.eval_s - a->s.eval_s, prefill_s, (unsigned long long)ram_budget,
+                (unsigned long long)b->s.cache_bytes, (unsigned long long)info->bytes_experts, io_bw,
+                (unsigned long long)storage_bytes, (unsigned long long)b->s.mem_estimate,
+                (unsigned long long)b->s.mem_resident, (unsigned long long)b->s.mem_load_peak,
+                (unsigned long long)b->s.mem_session, (unsigned long long)b->s.mem_slack,
+                (unsigned long long)b->s.mem_reserve, b->s.mem_context,
+                b->s.cache_sizing ? b->s.cache_sizing : "", (unsigned long long)b->s.mem_available);
     if (ev) {
         json_routing(ev, b);
         fprintf(ev, "}\n");
@@ -580,6 +591,52 @@ static int run_context(const opts *o, const df_model_info *info, size_t n) {
     cli_die("the prompt of %zu tokens leaves no room for a new token in the model's %d-token context", n, max);
 }
 
+/* What run's generation callbacks share: output, statistics, teacher forcing. */
+typedef struct run_state {
+    const opts *o;
+    df_engine *e;
+    FILE *ev;
+    df_text_stream ts;
+    cli_stats st0, prev, after_prefill;
+    uint64_t tf;        /* teacher forcing's generator */
+    int V;
+    int produced;
+    uint64_t io0;       /* storage bytes read when decoding began */
+} run_state;
+
+/* A pseudo-random token (bench: decode as a long answer would, whatever the
+ * model says). */
+static int32_t run_force(void *u, int index) {
+    (void)index;
+    run_state *r = u;
+    r->tf = r->tf * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)((r->tf >> 33) % (uint64_t)r->V);
+}
+
+static int run_token(void *u, int32_t t) {
+    run_state *r = u;
+    emit_token(r->e, &r->ts, t, r->produced++ == 0, r->o->print_ids);
+    fflush(stdout);
+    return 0;
+}
+
+static void run_prefilled(void *u, int rows, double secs) {
+    run_state *r = u;
+    cli_stats now;
+    cli_get_stats(r->e, &now);
+    report(r->ev, r->o->stats, "prefill", rows, &r->st0, &now, secs);
+    r->prev = r->after_prefill = now;
+    r->io0 = storage_read_bytes();
+}
+
+static void run_step(void *u, int tokens, double secs) {
+    run_state *r = u;
+    cli_stats now;
+    cli_get_stats(r->e, &now);
+    report(r->ev, r->o->stats, "token", tokens, &r->prev, &now, secs);
+    r->prev = now;
+}
+
 static int cmd_run(int argc, char **argv) {
     opts o;
     parse(&o, argc, argv,
@@ -619,97 +676,47 @@ static int cmd_run(int argc, char **argv) {
     df_sampler *smp;
     if (df_sampler_new(&smp, &o.sp, &err)) die_err(&err);
 
-    int V = info->vocab_size;
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    /* --max-new 0: no limit but the context's */
-    int room = ctx - (int)n, limit = o.max_new && o.max_new < room ? o.max_new : room;
-    int32_t *hist = malloc(sizeof(int32_t) * (n + (size_t)limit));
-    memcpy(hist, ids, n * sizeof(int32_t));
-    size_t nh = n;
     FILE *ev = NULL;
     if (o.events && !(ev = fopen(o.events, "w"))) cli_die("%s: cannot create: %s", o.events, strerror(errno));
     df_spec *sp = NULL;
     if (o.draft) {
         df_spec_opts so = {.draft = o.draft, .k_max = o.draft_k ? o.draft_k : (o.draft_fixed > 8 ? o.draft_fixed : 0),
                            .lookup_n = o.lookup_n, .n_threads = o.threads, .isa = o.isa,
-                           .fixed_depth = o.draft_fixed, .rejection = o.draft_rejection};
+                           .rejection = o.draft_rejection};
         if (df_spec_new(&sp, e, &so, &err)) die_err(&err);
+        df_spec_set_fixed_depth(sp, o.draft_fixed);
     }
-    df_stats st0, prev, now;
-    df_engine_stats(e, &st0);
-    double t0, t1;
-    uint64_t io0 = 0;
-    int n_decoded = 0;
-    df_text_stream ts = {0};
-    char buf[4096];
-    df_stats after_prefill;
-    /* One prefill for both loops: the whole prompt with its last row's logits,
-     * and the first token sampled from them as plain decoding does, so a run
-     * with --draft pays nothing extra for it (the last prompt token evaluated
-     * alone would read its experts a second time). Speculative steps then
-     * start with the session holding all history but the token just drawn. */
-    t0 = now_s();
-    progress_state ps = {t0, t0};
-    if (isatty(2) && n > 64) df_session_set_progress(s, show_progress, &ps);
-    if (df_session_eval(s, ids, (int)n, logits, 0, &err)) die_err(&err);
-    df_session_set_progress(s, NULL, NULL);
-    t1 = now_s();
-    df_engine_stats(e, &prev);
-    report(ev, o.stats, "prefill", (int)n, &st0, &prev, t1 - t0);
-    after_prefill = prev;
-    io0 = storage_read_bytes();
-    uint64_t tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull;
-    int32_t got[17];
-    int ng = 1, produced = 0;
-    bool stopped = false;
-    got[0] = df_sampler_sample(smp, logits, V, hist, (int)nh);
-    for (;;) {
-        bool done = false;
-        for (int i = 0; i < ng && !done; i++) {
-            int32_t t = got[i];
-            if (o.teacher_seed) {
-                tf = tf * 6364136223846793005ull + 1442695040888963407ull;
-                t = (int32_t)((tf >> 33) % (uint64_t)V);
-            }
-            hist[nh++] = t;
-            emit_token(e, &ts, t, produced == 0, o.print_ids);
-            produced++;
-            stopped = df_is_stop_token(e, t) && !o.teacher_seed;
-            done = stopped || produced == limit;
-        }
-        fflush(stdout);
-        if (done) break;
-        /* produced < limit: the step's tokens fit the history and the context */
-        double ts0 = now_s();
-        if (sp) {
-            if (df_spec_step(sp, s, smp, hist, (int)nh, got, limit - produced, &ng, &err)) die_err(&err);
-        } else {
-            if (df_session_eval(s, &hist[nh - 1], 1, logits, 0, &err)) die_err(&err);
-            got[0] = df_sampler_sample(smp, logits, V, hist, (int)nh);
-            ng = 1;
-        }
-        n_decoded += ng; /* rows whose tokens the target produced from its own evaluation */
-        df_engine_stats(e, &now);
-        report(ev, o.stats, "token", ng, &prev, &now, now_s() - ts0);
-        prev = now;
-    }
-    double t2 = now_s();
-    uint64_t io_dec = storage_read_bytes() - io0;
+    run_state rs = {.o = &o, .e = e, .ev = ev, .tf = (uint64_t)o.teacher_seed * 0x9E3779B97F4A7C15ull,
+                    .V = info->vocab_size};
+    cli_get_stats(e, &rs.st0);
+    rs.prev = rs.st0;
+    progress_state ps = {now_s(), now_s()};
+    df_generate_opts go = {.sampler = smp, .spec = sp, .max_new = o.max_new,
+                           .prefill_progress = isatty(2) && n > 64 ? show_progress : NULL, .progress_user = &ps,
+                           .force = o.teacher_seed ? run_force : NULL, .on_token = run_token,
+                           .on_prefill = run_prefilled, .on_step = run_step, .user = &rs};
+    df_generate_result gr;
+    if (df_generate(s, ids, (int)n, &go, &gr, &err)) die_err(&err);
+    uint64_t io_dec = storage_read_bytes() - rs.io0;
     if (!o.print_ids) {
-        size_t w = df_text_stream_flush(&ts, buf, sizeof buf);
+        char buf[64];
+        size_t w = df_text_stream_flush(&rs.ts, buf, sizeof buf);
         fwrite(buf, 1, w, stdout);
     }
     if (!g_bench) printf("\n");
     fflush(stdout);
-    if (!stopped && produced == room && (!o.max_new || o.max_new > room))
+    if (gr.finish == DF_FINISH_CONTEXT)
         fprintf(stderr, "deltafin: %s of %d tokens is full after %d new token%s\n",
-                ctx < info->max_context ? "the context (--ctx)" : "the model's context", ctx, produced,
-                produced == 1 ? "" : "s");
+                ctx < info->max_context ? "the context (--ctx)" : "the model's context", ctx, gr.produced,
+                gr.produced == 1 ? "" : "s");
+    const cli_stats *after_prefill = &rs.after_prefill, *last = &rs.prev;
+    int n_decoded = gr.decoded;
+    double prefill_s = gr.prefill_s, decode_s = gr.decode_s;
     if (o.stats || ev) {
-        report(ev, o.stats, "decode", n_decoded, &after_prefill, &prev, t2 - t1);
-        summary(ev, o.stats, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
+        report(ev, o.stats, "decode", n_decoded, after_prefill, last, decode_s);
+        summary(ev, o.stats, info, after_prefill, last, n, prefill_s, n_decoded, decode_s, o.io_bw,
                 o.ram_budget, io_dec);
-        prefetch_report(ev, o.stats, e, &prev);
+        prefetch_report(ev, o.stats, e, last);
         if (sp && o.stats) df_spec_report(sp, stderr);
         if (sp && ev) {
             df_spec_stats ss;
@@ -728,14 +735,12 @@ static int cmd_run(int argc, char **argv) {
         }
     }
     if (g_bench) {
-        summary(stdout, false, info, &after_prefill, &prev, n, t1 - t0, n_decoded, t2 - t1, o.io_bw,
+        summary(stdout, false, info, after_prefill, last, n, prefill_s, n_decoded, decode_s, o.io_bw,
                 o.ram_budget, io_dec);
         fflush(stdout);
     }
     df_spec_free(sp);
     if (ev) fclose(ev);
-    free(hist);
-    free(logits);
     free(ids);
     df_sampler_free(smp);
     df_session_free(s);

@@ -22,7 +22,7 @@
 static void expect_render(const df_chat_msg *m, int n, int gen, int think, const char *want) {
     char *out = NULL;
     df_error err = {0};
-    int rc = df_chat_render_qwen3(m, n, gen, think, &out, &err);
+    int rc = df_chat_render_chatml(m, n, gen, think, &out, &err);
     if (rc) fprintf(stderr, "render failed: %s\n", err.msg);
     assert_int_equal(rc, DF_OK);
     assert_non_null(out);
@@ -175,22 +175,22 @@ static void test_errors(void **state) {
     char *out = (char *)1;
     df_error err = {0};
     const df_chat_msg bad[] = {{"user", "hi"}, {"bot", "hello"}};
-    assert_int_equal(df_chat_render_qwen3(bad, N(bad), 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(bad, N(bad), 1, 1, &out, &err), DF_ERR_ARG);
     assert_null(out);
     assert_non_null(strstr(err.msg, "\"bot\""));
     const df_chat_msg norole[] = {{NULL, "x"}};
-    assert_int_equal(df_chat_render_qwen3(norole, 1, 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(norole, 1, 1, 1, &out, &err), DF_ERR_ARG);
     const df_chat_msg nocontent[] = {{"user", NULL}};
-    assert_int_equal(df_chat_render_qwen3(nocontent, 1, 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(nocontent, 1, 1, 1, &out, &err), DF_ERR_ARG);
     assert_non_null(strstr(err.msg, "content"));
-    assert_int_equal(df_chat_render_qwen3(NULL, 2, 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(NULL, 2, 1, 1, &out, &err), DF_ERR_ARG);
     /* the template cannot render an empty conversation (it reads messages[0]) */
-    assert_int_equal(df_chat_render_qwen3(bad, 0, 1, 1, &out, &err), DF_ERR_ARG);
-    assert_int_equal(df_chat_render_qwen3(bad, -1, 1, 1, &out, &err), DF_ERR_ARG);
-    assert_int_equal(df_chat_render_qwen3(bad, 1, 1, 1, NULL, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(bad, 0, 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(bad, -1, 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(bad, 1, 1, 1, NULL, &err), DF_ERR_ARG);
     /* role names are case-sensitive, as in the template */
     const df_chat_msg upper[] = {{"User", "x"}};
-    assert_int_equal(df_chat_render_qwen3(upper, 1, 1, 1, &out, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml(upper, 1, 1, 1, &out, &err), DF_ERR_ARG);
     assert_non_null(strstr(err.msg, "User"));
 }
 
@@ -233,7 +233,7 @@ static void test_jinja_rendered_cases(void **state) {
         assert_non_null(want);
         char *out = NULL;
         df_error err = {0};
-        int rc = df_chat_render_qwen3(m, n, json_is_true(json_object_get(c, "add_generation_prompt")),
+        int rc = df_chat_render_chatml(m, n, json_is_true(json_object_get(c, "add_generation_prompt")),
                                       json_is_true(json_object_get(c, "enable_thinking")), &out,
                                       &err);
         if (rc == DF_OK && strcmp(out, want) == 0) ok++;
@@ -278,7 +278,7 @@ static bool is_control(int32_t id) { return id >= 151643 && id <= 151656; }
 static int32_t *chat_ids(const df_chat_msg *m, int n, int gen, int think, size_t *n_ids) {
     int32_t *ids = NULL;
     df_error err = {0};
-    int rc = df_chat_tokenize_qwen3(qwen3(), m, n, gen, think, &ids, n_ids, &err);
+    int rc = df_chat_tokenize_with(qwen3(), df_chat_render_chatml_spans, m, n, gen, think, &ids, n_ids, &err);
     if (rc) fprintf(stderr, "chat tokenize failed: %s\n", err.msg);
     assert_int_equal(rc, DF_OK);
     return ids;
@@ -301,7 +301,7 @@ static int check_controls_from_template(const df_chat_msg *m, int n, int gen, in
     df_text_span *sp = NULL;
     size_t nsp = 0, n_ids;
     df_error err = {0};
-    assert_int_equal(df_chat_render_qwen3_spans(m, n, gen, think, &text, &sp, &nsp, &err), DF_OK);
+    assert_int_equal(df_chat_render_chatml_spans(m, n, gen, think, &text, &sp, &nsp, &err), DF_OK);
     int32_t *ids = chat_ids(m, n, gen, think, &n_ids);
     size_t off = 0, k = 0, len = strlen(text);
     int controls = 0;
@@ -428,7 +428,7 @@ static void test_tokenize_equals_whole_text(void **state) {
         df_text_span *sp = NULL;
         size_t nsp = 0, nw, nc, ns;
         df_error err = {0};
-        assert_int_equal(df_chat_render_qwen3_spans(msgs, n, gen, think, &text, &sp, &nsp, &err),
+        assert_int_equal(df_chat_render_chatml_spans(msgs, n, gen, think, &text, &sp, &nsp, &err),
                          DF_OK);
         int32_t *whole = encode_text(text, strlen(text), &nw);
         int32_t *ids = chat_ids(msgs, n, gen, think, &nc);
@@ -460,7 +460,7 @@ static void test_content_spans(void **state) {
     df_text_span *sp = NULL;
     size_t nsp = 0;
     df_error err = {0};
-    assert_int_equal(df_chat_render_qwen3_spans(m, 5, 1, 1, &text, &sp, &nsp, &err), DF_OK);
+    assert_int_equal(df_chat_render_chatml_spans(m, 5, 1, 1, &text, &sp, &nsp, &err), DF_OK);
     /* sys, (empty user: none), a (history: reasoning dropped), t, u */
     assert_int_equal(nsp, 4);
     const char *want[] = {"sys", "a", "t", "u"};
@@ -475,12 +475,12 @@ static void test_content_spans(void **state) {
     free(sp);
     free(text);
     /* both span pointers or neither */
-    assert_int_equal(df_chat_render_qwen3_spans(m, 5, 1, 1, &text, &sp, NULL, &err), DF_ERR_ARG);
+    assert_int_equal(df_chat_render_chatml_spans(m, 5, 1, 1, &text, &sp, NULL, &err), DF_ERR_ARG);
     assert_null(text);
     size_t n_ids = 7;
     int32_t *ids = (int32_t *)1;
     const df_chat_msg bad[] = {{"bot", "x"}};
-    assert_int_equal(df_chat_tokenize_qwen3(qwen3(), bad, 1, 1, 1, &ids, &n_ids, &err),
+    assert_int_equal(df_chat_tokenize_with(qwen3(), df_chat_render_chatml_spans, bad, 1, 1, 1, &ids, &n_ids, &err),
                      DF_ERR_ARG);
     assert_null(ids);
     assert_int_equal(n_ids, 0);

@@ -6,7 +6,9 @@
  */
 #include "testutil.h"
 
+#include "model/arch.h"
 #include "model/config.h"
+#include "model/generation.h"
 
 #include <ftw.h>
 #include <jansson.h>
@@ -87,42 +89,45 @@ static void bad(char *json, int code, const char *n1, const char *n2) {
     free(json);
 }
 
-static void bad_gen(const df_config *base, const char *json, int code, const char *n1,
-                    const char *n2) {
-    df_config c = *base;
+static void bad_gen(const df_config *cfg, const df_generation *base, const char *json, int code,
+                    const char *n1, const char *n2) {
+    df_generation g = *base;
     df_error err = {0};
-    int rc = df_config_parse_generation(&c, json, strlen(json), "generation_config.json", &err);
+    int rc = df_generation_parse(&g, cfg, json, strlen(json), "generation_config.json", &err);
     check_fail(rc, &err, code, n1, n2);
     assert_non_null(strstr(err.msg, "generation_config.json"));
-    assert_memory_equal(&c, base, sizeof c);
+    assert_memory_equal(&g, base, sizeof g);
 }
 
 /* ---- real configs -------------------------------------------------------- */
 
-static void load_real(df_config *c, const char *name) {
+/* config.json into *c and, with generation_config.json applied, *g */
+static void load_real(df_config *c, df_generation *g, const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/configs/%s", df_test_root(), name);
     df_error err = {0};
     int rc = df_config_load_dir(c, dir, &err);
+    if (!rc) rc = df_generation_load_dir(g, c, dir, &err);
     if (rc) print_error("%s: %s\n", name, err.msg);
     assert_int_equal(rc, DF_OK);
 }
 
-static void check_qwen3_generation(const df_config *c) {
-    assert_int_equal(c->bos_token_id, 151643);
-    assert_int_equal(c->n_eos_token_ids, 2);
-    assert_int_equal(c->eos_token_ids[0], 151645);
-    assert_int_equal(c->eos_token_ids[1], 151643);
-    assert_true(fabs(c->gen_temperature - 0.6) < 1e-12);
-    assert_true(fabs(c->gen_top_p - 0.95) < 1e-12);
-    assert_int_equal(c->gen_top_k, 20);
+static void check_qwen3_generation(const df_generation *g) {
+    assert_int_equal(g->bos_token_id, 151643);
+    assert_int_equal(g->n_eos_token_ids, 2);
+    assert_int_equal(g->eos_token_ids[0], 151645);
+    assert_int_equal(g->eos_token_ids[1], 151643);
+    assert_true(fabs(g->temperature - 0.6) < 1e-12);
+    assert_true(fabs(g->top_p - 0.95) < 1e-12);
+    assert_int_equal(g->top_k, 20);
 }
 
 static void test_real_qwen3_0_6b(void **state) {
     (void)state;
     df_config c;
-    load_real(&c, "Qwen3-0.6B");
-    assert_int_equal(c.arch, DF_ARCH_QWEN3);
+    df_generation g;
+    load_real(&c, &g, "Qwen3-0.6B");
+    assert_ptr_equal(c.arch, df_arch_find("qwen3"));
     assert_string_equal(c.model_type, "qwen3");
     assert_int_equal(c.vocab_size, 151936);
     assert_int_equal(c.hidden_size, 1024);
@@ -140,7 +145,7 @@ static void test_real_qwen3_0_6b(void **state) {
     assert_int_equal(c.rope_type, DF_ROPE_DEFAULT);
     assert_int_equal(c.num_experts, 0);
     for (int i = 0; i < c.num_hidden_layers; i++) assert_false(c.layer_is_moe[i]);
-    check_qwen3_generation(&c);
+    check_qwen3_generation(&g);
 }
 
 static void test_real_qwen3_moe(void **state) {
@@ -152,8 +157,9 @@ static void test_real_qwen3_moe(void **state) {
              {"Qwen3-235B-A22B", 4096, 12288, 1536, 94, 64}};
     for (int k = 0; k < 2; k++) {
         df_config c;
-        load_real(&c, m[k].name);
-        assert_int_equal(c.arch, DF_ARCH_QWEN3_MOE);
+        df_generation g;
+        load_real(&c, &g, m[k].name);
+        assert_ptr_equal(c.arch, df_arch_find("qwen3_moe"));
         assert_string_equal(c.model_type, "qwen3_moe");
         assert_int_equal(c.hidden_size, m[k].hidden);
         assert_int_equal(c.intermediate_size, m[k].inter);
@@ -169,7 +175,7 @@ static void test_real_qwen3_moe(void **state) {
         assert_false(c.tie_word_embeddings);
         for (int i = 0; i < c.num_hidden_layers; i++) assert_true(c.layer_is_moe[i]);
         assert_false(c.layer_is_moe[c.num_hidden_layers]);
-        check_qwen3_generation(&c);
+        check_qwen3_generation(&g);
     }
 }
 
@@ -198,9 +204,11 @@ static void test_defaults_dense(void **state) {
     assert_int_equal(c.rope_original_max_position_embeddings, 32768);
     assert_int_equal(c.bos_token_id, -1);
     assert_int_equal(c.n_eos_token_ids, 0);
-    assert_true(c.gen_temperature < 0);
-    assert_true(c.gen_top_p < 0);
-    assert_true(c.gen_top_k < 0);
+    df_generation g;
+    df_generation_init(&g, &c);
+    assert_true(g.temperature < 0);
+    assert_true(g.top_p < 0);
+    assert_true(g.top_k < 0);
     assert_int_equal(c.num_experts, 0);
     assert_string_equal(c.torch_dtype, "");
     /* MoE fields are ignored (not even type-checked) for a dense model */
@@ -520,47 +528,49 @@ static void test_token_ids(void **state) {
 
 static void test_generation(void **state) {
     (void)state;
-    df_config c, base;
+    df_config cfg;
+    df_generation g, base;
     char *j = with(DENSE, "bos_token_id", "1", "eos_token_id", "2", NULL);
-    ok(&base, j);
+    ok(&cfg, j);
     free(j);
+    df_generation_init(&base, &cfg);
     df_error err = {0};
 
     /* absent file: nothing changes */
-    c = base;
-    assert_int_equal(df_config_parse_generation(&c, NULL, 0, "g", &err), DF_OK);
-    assert_memory_equal(&c, &base, sizeof c);
+    g = base;
+    assert_int_equal(df_generation_parse(&g, &cfg, NULL, 0, "g", &err), DF_OK);
+    assert_memory_equal(&g, &base, sizeof g);
 
     /* ids replace config.json's; sampling fields are read */
-    const char *g = "{\"eos_token_id\":[5,6,7],\"temperature\":0.7,\"top_p\":0.8,\"top_k\":40,"
+    const char *t = "{\"eos_token_id\":[5,6,7],\"temperature\":0.7,\"top_p\":0.8,\"top_k\":40,"
                     "\"do_sample\":true,\"pad_token_id\":3}";
-    assert_int_equal(df_config_parse_generation(&c, g, strlen(g), "g", &err), DF_OK);
-    assert_int_equal(c.n_eos_token_ids, 3);
-    assert_int_equal(c.eos_token_ids[2], 7);
-    assert_int_equal(c.bos_token_id, 1);
-    assert_true(fabs(c.gen_temperature - 0.7) < 1e-12);
-    assert_true(fabs(c.gen_top_p - 0.8) < 1e-12);
-    assert_int_equal(c.gen_top_k, 40);
+    assert_int_equal(df_generation_parse(&g, &cfg, t, strlen(t), "g", &err), DF_OK);
+    assert_int_equal(g.n_eos_token_ids, 3);
+    assert_int_equal(g.eos_token_ids[2], 7);
+    assert_int_equal(g.bos_token_id, 1);
+    assert_true(fabs(g.temperature - 0.7) < 1e-12);
+    assert_true(fabs(g.top_p - 0.8) < 1e-12);
+    assert_int_equal(g.top_k, 40);
 
     /* a file with none of them changes nothing */
-    c = base;
-    g = "{\"transformers_version\":\"4.51.0\",\"temperature\":null}";
-    assert_int_equal(df_config_parse_generation(&c, g, strlen(g), "g", &err), DF_OK);
-    assert_memory_equal(&c, &base, sizeof c);
+    g = base;
+    t = "{\"transformers_version\":\"4.51.0\",\"temperature\":null}";
+    assert_int_equal(df_generation_parse(&g, &cfg, t, strlen(t), "g", &err), DF_OK);
+    assert_memory_equal(&g, &base, sizeof g);
 
-    bad_gen(&base, "{\"eos_token_id\":\"x\"}", DF_ERR_FORMAT, "'eos_token_id'", NULL);
-    bad_gen(&base, "{\"eos_token_id\":[1,2,3,4,5,6,7,8,9]}", DF_ERR_FORMAT, "'eos_token_id'",
+    bad_gen(&cfg, &base, "{\"eos_token_id\":\"x\"}", DF_ERR_FORMAT, "'eos_token_id'", NULL);
+    bad_gen(&cfg, &base, "{\"eos_token_id\":[1,2,3,4,5,6,7,8,9]}", DF_ERR_FORMAT, "'eos_token_id'",
             "max 8");
-    bad_gen(&base, "{\"eos_token_id\":[1000]}", DF_ERR_FORMAT, "'eos_token_id'", "vocabulary");
-    bad_gen(&base, "{\"bos_token_id\":1.5}", DF_ERR_FORMAT, "'bos_token_id'", "integer");
-    bad_gen(&base, "{\"temperature\":\"hot\"}", DF_ERR_FORMAT, "'temperature'", "number");
-    bad_gen(&base, "{\"temperature\":-1}", DF_ERR_FORMAT, "'temperature'", "negative");
-    bad_gen(&base, "{\"top_p\":1.5}", DF_ERR_FORMAT, "'top_p'", NULL);
-    bad_gen(&base, "{\"top_p\":0}", DF_ERR_FORMAT, "'top_p'", NULL);
-    bad_gen(&base, "{\"top_k\":-3}", DF_ERR_FORMAT, "'top_k'", NULL);
-    bad_gen(&base, "{\"top_k\":\"20\"}", DF_ERR_FORMAT, "'top_k'", "integer");
-    bad_gen(&base, "{\"top_k\":1,", DF_ERR_FORMAT, "not valid JSON", NULL);
-    bad_gen(&base, "[]", DF_ERR_FORMAT, "not a JSON object", NULL);
+    bad_gen(&cfg, &base, "{\"eos_token_id\":[1000]}", DF_ERR_FORMAT, "'eos_token_id'", "vocabulary");
+    bad_gen(&cfg, &base, "{\"bos_token_id\":1.5}", DF_ERR_FORMAT, "'bos_token_id'", "integer");
+    bad_gen(&cfg, &base, "{\"temperature\":\"hot\"}", DF_ERR_FORMAT, "'temperature'", "number");
+    bad_gen(&cfg, &base, "{\"temperature\":-1}", DF_ERR_FORMAT, "'temperature'", "negative");
+    bad_gen(&cfg, &base, "{\"top_p\":1.5}", DF_ERR_FORMAT, "'top_p'", NULL);
+    bad_gen(&cfg, &base, "{\"top_p\":0}", DF_ERR_FORMAT, "'top_p'", NULL);
+    bad_gen(&cfg, &base, "{\"top_k\":-3}", DF_ERR_FORMAT, "'top_k'", NULL);
+    bad_gen(&cfg, &base, "{\"top_k\":\"20\"}", DF_ERR_FORMAT, "'top_k'", "integer");
+    bad_gen(&cfg, &base, "{\"top_k\":1,", DF_ERR_FORMAT, "not valid JSON", NULL);
+    bad_gen(&cfg, &base, "[]", DF_ERR_FORMAT, "not a JSON object", NULL);
 }
 
 /* ---- directories --------------------------------------------------------- */
@@ -591,20 +601,24 @@ static void test_load_dir(void **state) {
     char *j = with(DENSE, "eos_token_id", "9", NULL);
     write_text(dir, "config.json", j);
     free(j);
-    assert_int_equal(df_config_load_dir(&c, dir, &err), DF_OK); /* no generation config */
-    assert_int_equal(c.n_eos_token_ids, 1);
-    assert_int_equal(c.eos_token_ids[0], 9);
+    df_generation g;
+    assert_int_equal(df_config_load_dir(&c, dir, &err), DF_OK);
+    assert_int_equal(df_generation_load_dir(&g, &c, dir, &err), DF_OK); /* no generation config */
+    assert_int_equal(g.n_eos_token_ids, 1);
+    assert_int_equal(g.eos_token_ids[0], 9);
 
     write_text(dir, "generation_config.json", "{\"eos_token_id\": [10, 11]}");
     assert_int_equal(df_config_load_dir(&c, dir, &err), DF_OK);
-    assert_int_equal(c.n_eos_token_ids, 2);
-    assert_int_equal(c.eos_token_ids[1], 11);
+    assert_int_equal(df_generation_load_dir(&g, &c, dir, &err), DF_OK);
+    assert_int_equal(g.n_eos_token_ids, 2);
+    assert_int_equal(g.eos_token_ids[1], 11);
+    assert_int_equal(c.n_eos_token_ids, 1); /* config.json's own ids stay */
 
-    df_config before = c;
+    df_generation before = g;
     write_text(dir, "generation_config.json", "{\"eos_token_id\": oops}");
-    check_fail(df_config_load_dir(&c, dir, &err), &err, DF_ERR_FORMAT, "generation_config.json",
+    check_fail(df_generation_load_dir(&g, &c, dir, &err), &err, DF_ERR_FORMAT, "generation_config.json",
                dir);
-    assert_memory_equal(&c, &before, sizeof c);
+    assert_memory_equal(&g, &before, sizeof g);
 
     write_text(dir, "config.json", "{\"model_type\":\"mistral\"}");
     check_fail(df_config_load_dir(&c, dir, &err), &err, DF_ERR_UNSUPPORTED, "config.json",

@@ -112,10 +112,10 @@ static void test_truncate_replays(void **st) {
     float *a = malloc(sizeof(float) * (size_t)V * 10), *b = malloc(sizeof(float) * (size_t)V * 5);
     assert_int_equal(df_session_eval(s, toks, 10, a, 1, &err), DF_OK);
     assert_int_equal(df_session_pos(s), 10);
-    assert_int_equal(df_session_truncate(s, 5, &err), DF_OK);
+    assert_int_equal(df_session_rollback(s, 5, &err), 5);
     /* a different continuation, then back */
     assert_int_equal(df_session_eval(s, toks + 20, 3, NULL, 0, &err), DF_OK);
-    assert_int_equal(df_session_truncate(s, 5, &err), DF_OK);
+    assert_int_equal(df_session_rollback(s, 5, &err), 5);
     assert_int_equal(df_session_eval(s, toks + 5, 5, b, 1, &err), DF_OK);
     assert_memory_equal(a + (size_t)5 * V, b, sizeof(float) * (size_t)V * 5);
     /* errors: context full, bad token, bad truncate */
@@ -125,7 +125,9 @@ static void test_truncate_replays(void **st) {
     int32_t bad = V + 3;
     assert_int_equal(df_session_eval(s, &bad, 1, NULL, 0, &err), DF_ERR_ARG);
     assert_non_null(strstr(err.msg, "vocabulary"));
-    assert_int_equal(df_session_truncate(s, 99, &err), DF_ERR_ARG);
+    assert_int_equal(df_session_rollback(s, 99, &err), -1);
+    assert_int_equal(err.code, DF_ERR_ARG);
+    assert_int_equal(df_session_rollback(s, -1, &err), -1);
     free(a);
     free(b);
     df_session_free(s);

@@ -19,6 +19,18 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The products over a raw (data, dtype) matrix [N][K], as a view. */
+static void mm(df_pool *p, float *y, int ldy, const float *x, int ldx, const void *w, df_dtype dt, int T,
+               int N, int K) {
+    df_wview v = df_wview_make(w, dt, N, K);
+    df_matmul(p, y, ldy, x, ldx, &v, T);
+}
+static void mm_rows(float *y, int ldy, const float *x, int ldx, const void *w, df_dtype dt, int T, int n0,
+                    int n1, int K) {
+    df_wview v = df_wview_make(w, dt, n1, K);
+    df_matmul_rows(y, ldy, x, ldx, &v, T, n0, n1);
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
     rng_state ^= rng_state << 13;
@@ -74,7 +86,7 @@ static long first_diff(const float *a, const float *b, size_t n, int nan_any) {
 static void matmul_isa(df_isa isa, df_pool *pool, float *y, int ldy, const float *x, int ldx,
                        const void *w, df_dtype dt, int T, int N, int K) {
     assert_int_equal(df_isa_set(isa), 0);
-    df_matmul(pool, y, ldy, x, ldx, w, dt, T, N, K);
+    mm(pool, y, ldy, x, ldx, w, dt, T, N, K);
 }
 
 /* One shape: checks (a) paths, (b) T vs row by row, (c) threads, (d) accuracy,
@@ -131,8 +143,8 @@ static void check_shape(df_dtype dt, int T, int N, int K, df_pool **pools, int n
         for (int t = 0; t < T; t++)
             for (int n = 0; n < N; n++) y[(size_t)t * ldy + n] = -12345.0f;
         int mid = N / 3;
-        df_matmul_rows(y, ldy, x, ldx, w, dt, T, 0, mid, K);
-        df_matmul_rows(y, ldy, x, ldx, w, dt, T, mid, N, K);
+        mm_rows(y, ldy, x, ldx, w, dt, T, 0, mid, K);
+        mm_rows(y, ldy, x, ldx, w, dt, T, mid, N, K);
         d = first_diff(y, ref, ny, nan_any);
         if (d >= 0)
             fail_msg("%s %s T=%d N=%d K=%d: df_matmul_rows split differs at %ld",
@@ -308,7 +320,7 @@ static void test_signed_zero_padding(void **state) {
                     }
                 }
                 float y = 1.0f;
-                df_matmul(g_pools[1], &y, 1, xv, K, wbuf, dt, 1, 1, K);
+                mm(g_pools[1], &y, 1, xv, K, wbuf, dt, 1, 1, K);
                 /* every lane -0 only when K is a multiple of 16 */
                 int want_neg = (K % 16) == 0;
                 if (y != 0.0f || (signbit(y) != 0) != want_neg)
@@ -330,14 +342,14 @@ static void test_inf_nan(void **state) {
         float w[20], x[20], y;
         for (int k = 0; k < 20; k++) w[k] = x[k] = 1.0f;
         w[3] = INFINITY;
-        df_matmul(NULL, &y, 1, x, 20, w, DF_DT_F32, 1, 1, 20);
+        mm(NULL, &y, 1, x, 20, w, DF_DT_F32, 1, 1, 20);
         assert_true(isinf(y) && y > 0);
         w[18] = -INFINITY; /* different lane: inf + -inf in the tree */
-        df_matmul(NULL, &y, 1, x, 20, w, DF_DT_F32, 1, 1, 20);
+        mm(NULL, &y, 1, x, 20, w, DF_DT_F32, 1, 1, 20);
         assert_true(isnan(y));
         w[18] = 1.0f;
         x[3] = 0.0f; /* inf * 0 */
-        df_matmul(NULL, &y, 1, x, 20, w, DF_DT_F32, 1, 1, 20);
+        mm(NULL, &y, 1, x, 20, w, DF_DT_F32, 1, 1, 20);
         assert_true(isnan(y));
         x[3] = 1.0f;
         w[3] = NAN;
@@ -365,7 +377,7 @@ static void test_dot_axpy(void **state) {
                 fail_msg("%s dot n=%d: %a vs C %a", df_isa_name((df_isa)isa), n, q, r);
             /* same order as a one-row matmul */
             float m;
-            df_matmul(NULL, &m, 1, b, n, a, DF_DT_F32, 1, 1, n);
+            mm(NULL, &m, 1, b, n, a, DF_DT_F32, 1, 1, n);
             assert_memory_equal(&m, &r, 4);
             memcpy(y0, a, sizeof y0);
             memcpy(y1, a, sizeof y1);
@@ -434,7 +446,7 @@ static void test_detects_perturbation(void **state) {
     float wf[N * K], x[T * K], y[T * N], y2[T * N];
     void *w = make_w(DF_DT_BF16, N * K, wf);
     for (int i = 0; i < T * K; i++) x[i] = rndf();
-    df_matmul(g_pools[1], y, N, x, K, w, DF_DT_BF16, T, N, K);
+    mm(g_pools[1], y, N, x, K, w, DF_DT_BF16, T, N, K);
     memcpy(y2, y, sizeof y);
     assert_int_equal(first_diff(y, y2, T * N, 0), -1);
     uint32_t u;

@@ -95,7 +95,7 @@ static void check_all_records(const char *const *dirs, int n) {
     int idx = 0;
     uint64_t next_off = 0;
     for (int li = 0; li < g_m.cfg.num_hidden_layers; li++) {
-        if (!g_m.layers[li].is_moe) {
+        if (!g_m.cfg.layer_is_moe[li]) {
             assert_null(df_pack_find(p, li, 0));
             continue;
         }
@@ -113,17 +113,16 @@ static void check_all_records(const char *const *dirs, int n) {
             memset(buf, 0xee, r->padded);
             rc = df_pack_read_record(p, r, buf, &e);
             if (rc) fail_msg("read layer %d expert %d: %s", li, ex, e.msg);
-            const df_expert *x = &g_m.layers[li].experts[ex];
-            const df_weight *w[3] = {&x->gate, &x->up, &x->down};
             uint64_t off = 0;
             for (int k = 0; k < 3; k++) {
+                const df_tensor *w = df_expert_part(&g_m.experts, li, ex, k);
                 assert_int_equal(r->part[k].offset, off);
-                assert_int_equal(r->part[k].nbytes, w[k]->t->nbytes);
-                assert_int_equal(r->part[k].dtype, w[k]->dtype);
-                assert_int_equal(r->part[k].rows, w[k]->rows);
-                assert_int_equal(r->part[k].cols, w[k]->cols);
-                assert_memory_equal(buf + off, w[k]->data, w[k]->t->nbytes);
-                off += w[k]->t->nbytes;
+                assert_int_equal(r->part[k].nbytes, w->nbytes);
+                assert_int_equal(r->part[k].dtype, w->dtype);
+                assert_int_equal(r->part[k].rows, w->shape[0]);
+                assert_int_equal(r->part[k].cols, w->shape[1]);
+                assert_memory_equal(buf + off, w->data, w->nbytes);
+                off += w->nbytes;
             }
             assert_int_equal(r->length, off);
             for (uint64_t b = off; b < r->padded; b++) assert_int_equal(buf[b], 0);
@@ -485,7 +484,7 @@ static void test_other_model(void **st) {
     /* same config and shapes, different weights: the data samples tell them apart */
     const char *var2 = tmp("variant2");
     make_variant(var2, false);
-    const df_tensor *t = g_m.layers[0].experts[0].gate.t;
+    const df_tensor *t = df_expert_part(&g_m.experts, 0, 0, 0);
     char shard[700];
     snprintf(shard, sizeof shard, "%s", df_st_file_path(g_m.st, t->file));
     const char *base = strrchr(shard, '/') + 1;

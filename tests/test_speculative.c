@@ -19,6 +19,7 @@
 #include "decode/speculative.h"
 #include "deltafin.h"
 #include "experts/pack.h"
+#include "engine/dev.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -177,9 +178,10 @@ static void check_identity(bool streamed, int threads) {
     for (int a = 0; a < n_arms; a++) {
         bool is_fn = !strcmp(arms[a].draft, "oracle") || !strcmp(arms[a].draft, "wrong");
         df_spec_opts so = {.draft = is_fn ? "lookup" : arms[a].draft, .k_max = arms[a].k_max,
-                           .lookup_n = arms[a].lookup_n, .fixed_depth = arms[a].fixed, .n_threads = threads};
+                           .lookup_n = arms[a].lookup_n, .n_threads = threads};
         df_error err;
         if (df_spec_new(&sps[a], e, &so, &err)) fail_msg("spec: %s", err.msg);
+        df_spec_set_fixed_depth(sps[a], arms[a].fixed);
         if (is_fn) df_spec_set_drafter(sps[a], oracle_draft, &orc[a]);
     }
     for (int pi = 0; pi < N_PROMPTS; pi++) {
@@ -315,7 +317,7 @@ static double chi2_ratio(const int *a, const int *b, int n_cat) {
 }
 
 /* Counts of token j (j < NTOK) and of the pair (t0, t1) over RUNS seeded runs. */
-static void sample_runs(df_engine *e, df_spec_opts *so, bool one_hot, float temp, int *marg, int *pairs,
+static void sample_runs(df_engine *e, df_spec_opts *so, int fixed, bool one_hot, float temp, int *marg, int *pairs,
                         uint64_t seed0, uint64_t *accepted, uint64_t *drafted) {
     int32_t prompt[64];
     int n = make_prompt(0, prompt);
@@ -330,6 +332,7 @@ static void sample_runs(df_engine *e, df_spec_opts *so, bool one_hot, float temp
     int32_t greedy_ref[NTOK];
     if (so) {
         if (df_spec_new(&sp, e, so, &err)) fail_msg("spec: %s", err.msg);
+        df_spec_set_fixed_depth(sp, fixed);
         if (one_hot) {
             df_sampler_params g;
             df_sampler_params_default(&g);
@@ -374,7 +377,7 @@ static void test_sampling_distribution(void **st) {
     int *m0 = calloc(nm, sizeof(int)), *p0 = calloc(np, sizeof(int));
     int *m1 = calloc(nm, sizeof(int)), *p1 = calloc(np, sizeof(int));
     uint64_t acc, dr;
-    sample_runs(e, NULL, false, 0.8f, m0, p0, 1000000, NULL, NULL);
+    sample_runs(e, NULL, 0, false, 0.8f, m0, p0, 1000000, NULL, NULL);
 
     struct {
         const char *draft;
@@ -386,8 +389,8 @@ static void test_sampling_distribution(void **st) {
     for (int a = 0; a < 3; a++) {
         memset(m1, 0, nm * sizeof(int));
         memset(p1, 0, np * sizeof(int));
-        df_spec_opts so = {.draft = arms[a].draft, .fixed_depth = 2, .n_threads = 1, .rejection = 1};
-        sample_runs(e, &so, arms[a].one_hot, 0.8f, m1, p1, 5000000 + 100000 * (uint64_t)a, &acc, &dr);
+        df_spec_opts so = {.draft = arms[a].draft, .n_threads = 1, .rejection = 1};
+        sample_runs(e, &so, 2, arms[a].one_hot, 0.8f, m1, p1, 5000000 + 100000 * (uint64_t)a, &acc, &dr);
         /* both outcomes of the accept/reject draw happened */
         assert_true(dr > 0);
         if (arms[a].draft == moe_dir) assert_true(acc > dr * 9 / 10);
@@ -397,7 +400,7 @@ static void test_sampling_distribution(void **st) {
     /* power: plain sampling at another temperature is told apart */
     memset(m1, 0, nm * sizeof(int));
     memset(p1, 0, np * sizeof(int));
-    sample_runs(e, NULL, false, 0.6f, m1, p1, 9000000, NULL, NULL);
+    sample_runs(e, NULL, 0, false, 0.6f, m1, p1, 9000000, NULL, NULL);
     check_same(m0, p0, m1, p1, "temperature 0.8 vs 0.6", false);
     free(m0);
     free(p0);

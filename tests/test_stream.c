@@ -12,6 +12,7 @@
 #include "deltafin.h"
 #include "experts/pack.h"
 #include "model/model.h"
+#include "engine/dev.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -51,14 +52,14 @@ static size_t slot_bytes(const char *experts) {
     return st.cache_bytes / (size_t)st.cache_slots;
 }
 
-static float *run(const arm *a, df_stats *st_out) {
+static float *run_dev(const arm *a, df_stats *st_out, df_dev_stats *dev_out) {
     df_engine_opts o = {.model_dir = moe_dir, .n_threads = a->threads, .experts = a->experts,
-                        .prefetch = a->prefetch, .prefetch_depth = a->depth,
-                        .sim_disk_bps = sim_gbs * 1e9};
+                        .prefetch = a->prefetch};
+    df_engine_dev dev = {.prefetch_depth = a->depth, .sim_disk_bps = sim_gbs * 1e9};
     if (a->slots) o.expert_cache = (uint64_t)a->slots * slot_bytes(a->experts);
     df_engine *e;
     df_error err;
-    if (df_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
+    if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
     df_session *s;
     assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
     float *lg = malloc(sizeof(float) * (size_t)V * NTOK);
@@ -67,10 +68,13 @@ static float *run(const arm *a, df_stats *st_out) {
         if (df_session_eval(s, toks + i, k, lg + (size_t)i * V, 1, &err)) fail_msg("eval: %s", err.msg);
     }
     if (st_out) df_engine_stats(e, st_out);
+    if (dev_out) df_engine_dev_stats(e, dev_out);
     df_session_free(s);
     df_engine_close(e);
     return lg;
 }
+
+static float *run(const arm *a, df_stats *st_out) { return run_dev(a, st_out, NULL); }
 
 static int setup(void **state) {
     (void)state;
@@ -197,19 +201,21 @@ static void test_prefetch_stats(void **state) {
          * those are in a few steps depends on which reads were still in flight:
          * a threshold under the prior makes it read whatever it predicts */
         df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
-                            .expert_cache = 5 * slot_bytes(pack1), .prefetch = modes[m], .prefetch_depth = 1,
-                            .prefetch_min_precision = 0.01};
+                            .expert_cache = 5 * slot_bytes(pack1), .prefetch = modes[m]};
+        df_engine_dev dev = {.prefetch_depth = 1, .prefetch_min_precision = 0.01};
         df_engine *e;
         df_error err;
-        if (df_engine_open(&e, &o, &err)) fail_msg("open: %s", err.msg);
+        if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
         df_session *s;
         assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
         float *lg = malloc(sizeof(float) * (size_t)V);
         for (int i = 0; i < NTOK; i++) assert_int_equal(df_session_eval(s, toks + i, 1, lg, 0, &err), DF_OK);
         df_stats st;
         df_engine_stats(e, &st);
+        df_dev_stats ds;
+        df_engine_dev_stats(e, &ds);
         assert_string_equal(st.prefetch, modes[m]);
-        assert_int_equal(st.prefetch_depth, 1);
+        assert_int_equal(ds.prefetch_depth, 1);
         assert_true(st.prefetch_reads > 0);
         assert_true(st.prefetch_hits > 0);
         assert_true(st.prefetch_hits <= st.expert_misses);
@@ -251,12 +257,12 @@ static void test_prefetch_bad_options(void **state) {
     assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
     assert_non_null(strstr(err.msg, "sometimes"));
     o.prefetch = "on";
-    o.prefetch_depth = 9;
-    assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
+    df_engine_dev dev = {.prefetch_depth = 9};
+    assert_int_not_equal(df_engine_open_dev(&e, &o, &dev, &err), DF_OK);
     assert_non_null(strstr(err.msg, "depth"));
-    o.prefetch_depth = 1;
-    o.prefetch_min_precision = 1.5;
-    assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
+    dev.prefetch_depth = 1;
+    dev.prefetch_min_precision = 1.5;
+    assert_int_not_equal(df_engine_open_dev(&e, &o, &dev, &err), DF_OK);
     assert_non_null(strstr(err.msg, "precision"));
 }
 
@@ -384,25 +390,27 @@ static void test_sim_disk(void **state) {
     sim_gbs = (double)st.expert_bytes_read / (3 * plain + 0.1) / 1e9;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     df_stats ss;
-    float *lg = run(&slow, &ss);
+    df_dev_stats sd;
+    float *lg = run_dev(&slow, &ss, &sd);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double rate = sim_gbs * 1e9;
     sim_gbs = 0;
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     assert_memory_equal(lg, ref, sizeof(float) * (size_t)V * NTOK);
     free(lg);
-    assert_true(ss.sim_disk_bps > 0);
+    assert_true(sd.sim_disk_bps > 0);
     assert_true(ss.expert_bytes_read == st.expert_bytes_read);
     if ((double)ss.expert_bytes_read / secs > rate * 1.01)
         fail_msg("%llu bytes in %.3f s: faster than the simulated %.0f B/s",
                  (unsigned long long)ss.expert_bytes_read, secs, rate);
-    df_engine_opts o = {.model_dir = moe_dir, .sim_disk_bps = 1e9};
+    df_engine_opts o = {.model_dir = moe_dir};
+    df_engine_dev dev = {.sim_disk_bps = 1e9};
     df_engine *e;
     df_error err;
-    assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
+    assert_int_equal(df_engine_open_dev(&e, &o, &dev, &err), DF_ERR_ARG);
     assert_non_null(strstr(err.msg, "simulated disk"));
     o.expert_cache = 3 * slot_bytes(NULL); /* streaming from the safetensors */
-    assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
+    assert_int_equal(df_engine_open_dev(&e, &o, &dev, &err), DF_ERR_ARG);
     assert_non_null(strstr(err.msg, "simulated disk"));
 }
 
@@ -427,15 +435,15 @@ static void test_missing_pack(void **state) {
 /* ---- the always-active matrices' copy (streaming reads them from RAM) ---------- */
 
 static bool in_ram(const df_model *m, const df_weight *w) {
-    const uint8_t *p = w->data, *r = m->ram;
+    const uint8_t *p = w->v.data, *r = m->ram;
     return r && p >= r && p + w->t->nbytes <= r + m->ram_bytes;
 }
 
 /* A copied weight holds the checkpoint's bytes (read through the mapping). */
 static void check_copied(const df_model *m, const df_weight *w) {
     assert_true(in_ram(m, w));
-    assert_ptr_equal(df_model_ram_copy(m, w->t), w->data);
-    assert_int_equal(memcmp(w->data, w->t->data, w->t->nbytes), 0);
+    assert_ptr_equal(df_model_ram_copy(m, w->t), w->v.data);
+    assert_int_equal(memcmp(w->v.data, w->t->data, w->t->nbytes), 0);
 }
 
 static void check_dense_copy(const char *dir, bool tied) {
@@ -451,27 +459,25 @@ static void check_dense_copy(const char *dir, bool tied) {
     check_copied(&m, &m.lm_head);
     assert_true(in_ram(&m, &m.embed) == tied); /* untied: one row per token, left mapped */
     if (!tied) assert_null(df_model_ram_copy(&m, m.embed.t));
+    /* Every matrix the forward pass uses (attention, routers, dense MLPs) is
+     * copied and used from the copy; routed experts stream, never copied. */
+    for (int i = 0; i < m.n_active; i++) check_copied(&m, m.active[i]);
+    int n_copied = 0, n_matrices = 0;
+    for (size_t i = 0; i < df_st_count(m.st); i++) {
+        const df_tensor *t = df_st_at(m.st, i);
+        if (m.is_expert[i]) {
+            assert_null(df_model_ram_copy(&m, t));
+            continue;
+        }
+        if (t->ndim != 2 || (t == m.embed.t && !tied)) continue;
+        n_matrices++;
+        n_copied += df_model_ram_copy(&m, t) != NULL;
+    }
+    assert_int_equal(n_copied, n_matrices);
     int n_moe = 0, n_dense = 0;
     for (int li = 0; li < m.cfg.num_hidden_layers; li++) {
-        const df_layer *L = &m.layers[li];
-        check_copied(&m, &L->q);
-        check_copied(&m, &L->k);
-        check_copied(&m, &L->v);
-        check_copied(&m, &L->o);
-        if (L->is_moe) {
-            n_moe++;
-            check_copied(&m, &L->router);
-            for (int e = 0; e < m.cfg.num_experts; e++) { /* experts stream, never copied */
-                assert_false(in_ram(&m, &L->experts[e].gate));
-                assert_false(in_ram(&m, &L->experts[e].down));
-                assert_null(df_model_ram_copy(&m, L->experts[e].up.t));
-            }
-        } else {
-            n_dense++;
-            check_copied(&m, &L->gate);
-            check_copied(&m, &L->up);
-            check_copied(&m, &L->down);
-        }
+        if (m.cfg.layer_is_moe[li]) n_moe++;
+        else n_dense++;
     }
     assert_true(n_dense > 0);
     assert_true(n_moe > 0 || m.cfg.num_experts == 0);

@@ -40,6 +40,7 @@
  * tokens each pass drafts; this file feeds it the passes' wall times.
  */
 #include "decode/speculative.h"
+#include "engine/dev.h"
 #include "decode/gate.h"
 #include "decode/sampler.h"
 #include "util/util.h"
@@ -121,10 +122,14 @@ static int measure_draft(df_spec *sp, double *t_draft, double *t_catchup, df_err
     int V = df_engine_info(sp->deng)->vocab_size;
     for (int i = 0; i < WARM_PREFILL; i++) t[i] = (int32_t)((7 + 131 * i) % V);
     int rc = df_session_new(&w, sp->deng, 2 * WARM_PREFILL + WARM_STEPS + 1, err);
+    if (rc == DF_OK) df_session_keep(w, 1);
     if (rc == DF_OK) rc = df_session_eval(w, t, 1, NULL, 0, err);
     double pre = 1e30, step = 1e30;
     for (int r = 0; r < 2 && rc == DF_OK; r++) {
-        if ((rc = df_session_truncate(w, 1, err))) break;
+        if (df_session_rollback(w, 1, err) != 1) {
+            rc = err->code;
+            break;
+        }
         double t0 = df_now();
         if ((rc = df_session_eval(w, t, WARM_PREFILL, NULL, 0, err))) break;
         double dt = (df_now() - t0) / WARM_PREFILL;
@@ -155,15 +160,11 @@ int df_spec_new(df_spec **out, df_engine *target, const df_spec_opts *o, df_erro
         return df_fail(err, DF_ERR_ARG, "speculative: draft depth must be in 1..%d (got %d)", K_MAX_LIMIT, k_max);
     if (ln < 1 || ln > 16)
         return df_fail(err, DF_ERR_ARG, "speculative: lookup n-gram length must be in 1..16 (got %d)", ln);
-    if (o->fixed_depth < 0 || o->fixed_depth > k_max)
-        return df_fail(err, DF_ERR_ARG, "speculative: fixed depth must be in 0..%d (got %d)", k_max,
-                       o->fixed_depth);
     df_spec *sp = df_xcalloc(1, sizeof *sp);
     sp->tgt = target;
     sp->V = df_engine_info(target)->vocab_size;
     sp->k_max = k_max;
     sp->lookup_n = ln;
-    sp->fixed = o->fixed_depth;
     sp->rejection = o->rejection != 0;
     sp->kind = DRAFT_LOOKUP;
     double t_draft = -1.0, t_catchup = -1.0; /* unknown unless a draft model is measured */
@@ -209,6 +210,11 @@ int df_spec_draft_bytes(const df_spec_opts *o, int vocab, int context, uint64_t 
     b += sizeof(float) * (uint64_t)vocab * (uint64_t)(2 * k + 3); /* rows, qrows, p, dlog */
     *bytes = b;
     return DF_OK;
+}
+
+void df_spec_set_fixed_depth(df_spec *sp, int depth) {
+    if (!sp || depth < 0) return;
+    sp->fixed = sp->gt.fixed = depth < sp->k_max ? depth : sp->k_max;
 }
 
 void df_spec_free(df_spec *sp) {
@@ -290,14 +296,14 @@ static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k
     while (L < sp->dn && L < n - 1 && sp->dtok[L] == sp->ctx[L]) L++;
     int rc;
     if (L < sp->dn) {
-        if ((rc = df_session_truncate(sp->dsess, L, err))) return rc;
+        if ((L = df_session_rollback(sp->dsess, L, err)) < 0) return err->code;
         sp->dn = L;
     }
     int lag = n - 1 - sp->dn;
     while (sp->dn < n - 1) {
         int c = n - 1 - sp->dn < CATCHUP_CHUNK ? n - 1 - sp->dn : CATCHUP_CHUNK;
         if ((rc = df_session_eval(sp->dsess, sp->ctx + sp->dn, c, NULL, 0, err))) {
-            df_session_truncate(sp->dsess, 0, err);
+            df_session_rollback(sp->dsess, 0, err);
             sp->dn = 0;
             return rc;
         }
@@ -315,7 +321,7 @@ static int draft_model(df_spec *sp, df_session *s, df_sampler *smp, int n, int k
     for (int i = 0; i < k; i++) {
         int32_t t = sp->ctx[n - 1 + i];
         if ((rc = df_session_eval(sp->dsess, &t, 1, sp->dlog, 0, err))) {
-            df_session_truncate(sp->dsess, 0, err);
+            df_session_rollback(sp->dsess, 0, err);
             sp->dn = 0;
             return rc;
         }
@@ -422,13 +428,18 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
             if (sp->ctx[n_hist + i] < 0 || sp->ctx[n_hist + i] >= sp->V) kd = i;
     }
     t_draft_end = df_now();
+    /* every drafted row may be the last one kept */
+    for (int i = 0; i < kd; i++) df_session_keep(s, n_hist + i);
     if ((rc = df_session_eval(s, sp->ctx + n_hist - 1, kd + 1, sp->rows, 1, err))) return rc;
     int32_t next = 0;
     int acc = verify(sp, smp, n_hist, kd, &next);
-    if (acc < kd && (rc = df_session_truncate(s, n_hist + acc, err))) return rc;
+    if (acc < kd && df_session_rollback(s, n_hist + acc, err) != n_hist + acc)
+        return df_fail(err, DF_ERR_ARG, "speculative: cannot roll the session back to %d", n_hist + acc);
     if (sp->dsess && sp->dn > n_hist + acc) {
-        if ((rc = df_session_truncate(sp->dsess, n_hist + acc, err))) return rc;
-        sp->dn = n_hist + acc;
+        if ((sp->dn = df_session_rollback(sp->dsess, n_hist + acc, err)) < 0) {
+            sp->dn = 0;
+            return err->code;
+        }
     }
     memcpy(out, sp->ctx + n_hist, sizeof(int32_t) * (size_t)acc);
     out[acc] = next;

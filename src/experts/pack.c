@@ -212,15 +212,13 @@ typedef struct plan {
     size_t max_padded;
 } plan;
 
-static const df_weight *expert_part(const df_expert *x, int k) {
-    return k == DF_PACK_GATE ? &x->gate : k == DF_PACK_UP ? &x->up : &x->down;
+/* Part k of expert e of layer li, as the model's inventory names it. */
+static const df_tensor *expert_part(const df_model *m, int li, int e, int k) {
+    return df_expert_part(&m->experts, li, e, k);
 }
 
 static bool model_has_experts(const df_model *m) {
-    if (m->cfg.arch != DF_ARCH_QWEN3_MOE || m->cfg.num_experts <= 0) return false;
-    for (int li = 0; li < m->cfg.num_hidden_layers; li++)
-        if (m->layers[li].is_moe) return true;
-    return false;
+    return m->cfg.num_experts > 0 && m->experts.xt && df_config_moe_layers(&m->cfg) > 0;
 }
 
 static void plan_free(plan *p) {
@@ -234,7 +232,7 @@ static void plan_build(plan *p, const df_model *m, int S) {
     const df_config *c = &m->cfg;
     int n = 0;
     for (int li = 0; li < c->num_hidden_layers; li++)
-        if (m->layers[li].is_moe) n += c->num_experts;
+        if (m->cfg.layer_is_moe[li]) n += c->num_experts;
     p->S = S;
     p->n = n;
     p->rec = df_xcalloc((size_t)n, sizeof *p->rec);
@@ -242,21 +240,21 @@ static void plan_build(plan *p, const df_model *m, int S) {
     uint64_t off = 0;
     int i = 0;
     for (int li = 0; li < c->num_hidden_layers; li++) {
-        if (!m->layers[li].is_moe) continue;
+        if (!m->cfg.layer_is_moe[li]) continue;
         for (int e = 0; e < c->num_experts; e++, i++) {
             df_pack_record *r = &p->rec[i];
             r->layer = li;
             r->expert = e;
             uint64_t po = 0;
             for (int k = 0; k < 3; k++) {
-                const df_weight *w = expert_part(&m->layers[li].experts[e], k);
-                p->src[i][k] = w->t;
+                const df_tensor *t = expert_part(m, li, e, k);
+                p->src[i][k] = t;
                 r->part[k].offset = po;
-                r->part[k].nbytes = w->t->nbytes;
-                r->part[k].dtype = w->dtype;
-                r->part[k].rows = w->rows;
-                r->part[k].cols = w->cols;
-                po += w->t->nbytes;
+                r->part[k].nbytes = t->nbytes;
+                r->part[k].dtype = t->dtype;
+                r->part[k].rows = t->shape[0];
+                r->part[k].cols = t->shape[1];
+                po += t->nbytes;
             }
             r->length = po;
             r->padded = round_up(po, (uint64_t)DF_PACK_ALIGN * (uint64_t)S);
@@ -300,13 +298,13 @@ static char *model_dir_of(const df_model *m) {
 static int fp_samples(XXH3_state_t *st, const df_model *m, df_error *err) {
     const df_config *c = &m->cfg;
     for (int li = 0; li < c->num_hidden_layers; li++) {
-        if (!m->layers[li].is_moe) continue;
+        if (!m->cfg.layer_is_moe[li]) continue;
         int ex[3] = {0, c->num_experts / 2, c->num_experts - 1};
         for (int j = 0; j < 3; j++) {
             if ((j == 1 && ex[1] == ex[0]) || (j == 2 && (ex[2] == ex[1] || ex[2] == ex[0])))
                 continue;
             for (int k = 0; k < 3; k++) {
-                const df_tensor *t = expert_part(&m->layers[li].experts[ex[j]], k)->t;
+                const df_tensor *t = expert_part(m, li, ex[j], k);
                 uint64_t len = t->nbytes < 64 ? t->nbytes : 64;
                 uint64_t offs[3] = {0, (t->nbytes / 2) & ~(uint64_t)63, t->nbytes - len};
                 for (int s = 0; s < 3; s++) {
@@ -356,10 +354,10 @@ int df_pack_fingerprint(const df_model *m, const char *model_dir, char out[DF_PA
     fp_u64(st, (uint64_t)c->num_hidden_layers);
     fp_u64(st, (uint64_t)c->num_experts);
     for (int li = 0; li < c->num_hidden_layers; li++) {
-        if (!m->layers[li].is_moe) continue;
+        if (!m->cfg.layer_is_moe[li]) continue;
         for (int e = 0; e < c->num_experts; e++)
             for (int k = 0; k < 3; k++) {
-                const df_tensor *t = expert_part(&m->layers[li].experts[e], k)->t;
+                const df_tensor *t = expert_part(m, li, e, k);
                 XXH3_128bits_update(st, t->name, strlen(t->name) + 1);
                 const char *dn = df_dtype_name(t->dtype);
                 XXH3_128bits_update(st, dn, strlen(dn) + 1);
@@ -1448,25 +1446,25 @@ static int check_against_model(const df_pack *p, const manifest *mf, const df_mo
     const df_config *c = &m->cfg;
     int want = 0;
     for (int li = 0; li < c->num_hidden_layers; li++)
-        if (m->layers[li].is_moe) want += c->num_experts;
+        if (m->cfg.layer_is_moe[li]) want += c->num_experts;
     if (mf->n_layers != c->num_hidden_layers || mf->n_experts != c->num_experts || p->n != want)
         return df_fail(err, DF_ERR_FORMAT, "pack %s: has %d records for %d layers x %d experts, "
                        "the model needs %d for %d x %d", dir, p->n, mf->n_layers, mf->n_experts,
                        want, c->num_hidden_layers, c->num_experts);
     for (int i = 0; i < p->n; i++) {
         const df_pack_record *r = &p->rec[i];
-        if (!m->layers[r->layer].is_moe)
+        if (!m->cfg.layer_is_moe[r->layer])
             return df_fail(err, DF_ERR_FORMAT, "pack %s: record for layer %d, which has no "
                            "routed experts", dir, r->layer);
         for (int k = 0; k < 3; k++) {
-            const df_weight *w = expert_part(&m->layers[r->layer].experts[r->expert], k);
+            const df_tensor *t = expert_part(m, r->layer, r->expert, k);
             const df_pack_part *pt = &r->part[k];
-            if (pt->dtype != w->dtype || pt->rows != w->rows || pt->cols != w->cols ||
-                pt->nbytes != w->t->nbytes)
+            if (pt->dtype != t->dtype || pt->rows != t->shape[0] || pt->cols != t->shape[1] ||
+                pt->nbytes != t->nbytes)
                 return df_fail(err, DF_ERR_FORMAT, "pack %s: layer %d expert %d: part %d is "
-                               "%s [%" PRId64 ",%" PRId64 "], the model's '%s' is %s [%d,%d]", dir,
-                               r->layer, r->expert, k, df_dtype_name(pt->dtype), pt->rows,
-                               pt->cols, w->t->name, df_dtype_name(w->dtype), w->rows, w->cols);
+                               "%s [%" PRId64 ",%" PRId64 "], the model's '%s' is %s [%" PRId64 ",%" PRId64 "]",
+                               dir, r->layer, r->expert, k, df_dtype_name(pt->dtype), pt->rows, pt->cols,
+                               t->name, df_dtype_name(t->dtype), t->shape[0], t->shape[1]);
         }
     }
     return DF_OK;

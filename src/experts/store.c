@@ -89,6 +89,7 @@ typedef struct held_cqe {
 } held_cqe;
 
 struct df_store {
+    df_xsource base;    /* the model layer's view: an expert source */
     const df_model *m;
     df_pack *pack;
     int n_ops;          /* operations per record */
@@ -133,7 +134,8 @@ struct df_store {
     uint8_t *pred_cached; /* scratch: [E] which of a layer's experts need no read */
     double last_step_t; /* when the previous forward step ended (the time gate) */
     uint64_t last_step_misses; /* st.misses then */
-    int last_slot;      /* handed out by the previous df_store_next */
+    int *last;          /* slots handed out by the previous df_store_next */
+    int n_last;
     int st_pinned;      /* experts read in at start-up (pinned tier) */
     /* Fault injection for tests (DF_TEST_IO_FAULTS=short,eintr): completions
      * are reported as short reads or EINTR, as a kernel may report them. */
@@ -152,21 +154,18 @@ struct df_store {
 
 static size_t round4k(size_t n) { return (n + 4095) & ~(size_t)4095; }
 
-static const df_expert *model_expert(const df_store *s, int layer, int e) {
-    return &s->m->layers[layer].experts[e];
-}
+static const df_expert_inventory *inv(const df_store *s) { return &s->m->experts; }
 
-/* Offsets of gate/up/down inside a slot. */
-static void part_offsets(const df_store *s, int layer, int e, size_t off[3]) {
+/* Offsets of an expert's parts inside a slot. */
+static void part_offsets(const df_store *s, int layer, int e, size_t *off) {
+    int np = inv(s)->layout->n_parts;
     if (s->pack) {
         const df_pack_record *r = df_pack_find(s->pack, layer, e);
-        for (int i = 0; i < 3; i++) off[i] = r->part[i].offset;
+        for (int i = 0; i < np; i++) off[i] = r->part[i].offset;
         return;
     }
-    const df_expert *x = model_expert(s, layer, e);
     off[0] = 0;
-    off[1] = round4k(x->gate.t->nbytes);
-    off[2] = off[1] + round4k(x->up.t->nbytes);
+    for (int i = 1; i < np; i++) off[i] = off[i - 1] + round4k(df_expert_part(inv(s), layer, e, i - 1)->nbytes);
 }
 
 /* File, offset and length of operation i of a record. */
@@ -181,9 +180,8 @@ static void op_geometry(const df_store *s, int layer, int e, int i, int *fd, uin
         *moff = (size_t)i * sb;
         return;
     }
-    const df_expert *x = model_expert(s, layer, e);
-    const df_tensor *t = i == 0 ? x->gate.t : i == 1 ? x->up.t : x->down.t;
-    size_t off[3];
+    const df_tensor *t = df_expert_part(inv(s), layer, e, i);
+    size_t off[DF_EXPERT_MAX_PARTS];
     part_offsets(s, layer, e, off);
     *fd = df_st_file_fd(s->m->st, t->file);
     *foff = t->file_offset;
@@ -349,6 +347,25 @@ static int next_cqe(df_store *s, bool block, uint64_t *d, int *res) {
     }
 }
 
+/* ---- the expert source interface (model/experts.h) ------------------------------- */
+
+static int xs_begin(df_xsource *x, int layer, const int *experts, int n, df_error *err) {
+    return df_store_begin_layer((df_store *)x, layer, experts, n, err);
+}
+static int xs_next(df_xsource *x, int cap, int *ids, df_expert_w *w, int *n_out, df_error *err) {
+    return df_store_next((df_store *)x, cap, ids, w, n_out, err);
+}
+static void xs_end_layer(df_xsource *x) { df_store_end_layer((df_store *)x); }
+static void xs_end_step(df_xsource *x, int rows) { df_store_end_step((df_store *)x, rows); }
+static int xs_depth(df_xsource *x) { return df_store_lookahead_depth((df_store *)x); }
+static void xs_predict(df_xsource *x, int layer, const int *sel, int n) { df_store_predict((df_store *)x, layer, sel, n); }
+static void xs_close(df_xsource *x) { df_store_close((df_store *)x); }
+
+static const df_xsource_ops STORE_OPS = {xs_begin, xs_next, xs_end_layer, xs_end_step, xs_depth, xs_predict,
+                                         xs_close};
+
+df_xsource *df_store_xsource(df_store *s) { return &s->base; }
+
 /* ---- open / close ------------------------------------------------------------------ */
 
 /* n_slots and arena_bytes for cache_bytes of slots: never more than every
@@ -394,26 +411,27 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->m = m;
     s->L = c->num_hidden_layers;
     s->E = c->num_experts;
-    s->last_slot = -1;
+    s->base.ops = &STORE_OPS;
     int rc;
     if (o->n_pack_dirs > 0) {
         if ((rc = df_pack_open(&s->pack, o->pack_dirs, o->n_pack_dirs, m, err))) goto fail;
         s->n_ops = df_pack_stripes(s->pack);
         s->slot_bytes = df_pack_max_padded(s->pack);
     } else {
-        s->n_ops = 3;
+        int np = inv(s)->layout->n_parts;
+        s->n_ops = np;
         for (int li = 0; li < s->L; li++) {
-            if (!m->layers[li].is_moe) continue;
+            if (!c->layer_is_moe[li]) continue;
             for (int e = 0; e < s->E; e++) {
-                size_t off[3];
+                size_t off[DF_EXPERT_MAX_PARTS];
                 part_offsets(s, li, e, off);
-                size_t need = off[2] + round4k(model_expert(s, li, e)->down.t->nbytes);
+                size_t need = off[np - 1] + round4k(df_expert_part(inv(s), li, e, np - 1)->nbytes);
                 if (need > s->slot_bytes) s->slot_bytes = need;
             }
         }
     }
     int n_moe = 0;
-    for (int li = 0; li < s->L; li++) n_moe += m->layers[li].is_moe;
+    for (int li = 0; li < s->L; li++) n_moe += c->layer_is_moe[li];
     if ((rc = size_slots(s, o->cache_bytes, n_moe, o->cache_what, err))) goto fail;
     if (pf_mode != DF_PF_OFF)
         s->pf = df_pf_new(n_moe, s->E, c->num_experts_per_tok, (df_pf_mode)pf_mode,
@@ -443,8 +461,8 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->moe_index = df_xmalloc(sizeof(int) * (size_t)s->L);
     s->moe_layer = df_xmalloc(sizeof(int) * (size_t)s->L);
     for (int li = 0, k = 0; li < s->L; li++) {
-        s->moe_index[li] = m->layers[li].is_moe ? k : -1;
-        if (m->layers[li].is_moe) s->moe_layer[k++] = li;
+        s->moe_index[li] = c->layer_is_moe[li] ? k : -1;
+        if (c->layer_is_moe[li]) s->moe_layer[k++] = li;
     }
     s->slotv = df_xmalloc(sizeof(int32_t) * (size_t)s->E);
     s->ids32 = df_xmalloc(sizeof(int32_t) * (size_t)s->E);
@@ -452,6 +470,7 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->want = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->handed = df_xcalloc((size_t)s->E, sizeof(bool));
     s->queue = df_xmalloc(sizeof(int) * (size_t)s->E);
+    s->last = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->pred = df_xmalloc(sizeof(int) * (size_t)s->E);
     s->pred_cached = df_xmalloc((size_t)s->E);
     if (o->sim_disk_bps > 0) {
@@ -513,6 +532,7 @@ void df_store_close(df_store *s) {
     free(s->want);
     free(s->handed);
     free(s->queue);
+    free(s->last);
     free(s->pred);
     free(s->pred_cached);
     free(s->held);
@@ -522,7 +542,7 @@ void df_store_close(df_store *s) {
 int df_store_slots(const df_store *s) { return s->n_slots; }
 bool df_store_holds_all(const df_store *s) {
     int n_moe = 0;
-    for (int li = 0; li < s->L; li++) n_moe += s->m->layers[li].is_moe;
+    for (int li = 0; li < s->L; li++) n_moe += s->m->cfg.layer_is_moe[li];
     return (int64_t)s->n_cache >= (int64_t)n_moe * s->E;
 }
 size_t df_store_slot_bytes(const df_store *s) { return s->slot_bytes; }
@@ -802,13 +822,13 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
         *err = s->fail;
         return err->code;
     }
-    if (!s->m->layers[layer].is_moe || n > s->E)
+    if (!s->m->cfg.layer_is_moe[layer] || n > s->E)
         return df_fail(err, DF_ERR_ARG, "expert store: bad request for layer %d", layer);
     s->layer = layer;
     s->n_want = n;
     s->n_handed = 0;
     s->n_queue = 0;
-    s->last_slot = -1;
+    s->n_last = 0;
     for (int i = 0; i < n; i++) {
         s->want[i] = experts[i];
         s->handed[i] = false;
@@ -854,21 +874,36 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
     return DF_OK;
 }
 
-static void fill_weights(const df_store *s, int layer, int e, const slot *x, df_expert *w) {
-    size_t off[3];
+static void fill_weights(const df_store *s, int layer, int e, const slot *x, df_expert_w *w) {
+    size_t off[DF_EXPERT_MAX_PARTS];
+    const void *parts[DF_EXPERT_MAX_PARTS];
     part_offsets(s, layer, e, off);
-    *w = *model_expert(s, layer, e);
-    w->gate.data = x->mem + off[0];
-    w->up.data = x->mem + off[1];
-    w->down.data = x->mem + off[2];
+    for (int p = 0; p < inv(s)->layout->n_parts; p++) parts[p] = x->mem + off[p];
+    df_expert_bind(inv(s), layer, e, parts, w);
 }
 
-int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err) {
-    *expert = -1;
-    if (s->last_slot >= 0) { /* the caller is done with the previous one */
-        s->slots[s->last_slot].pin = 0;
-        s->last_slot = -1;
+/* Hands out the ready experts not handed out yet, up to cap; 0 when none is. */
+static int hand_out(df_store *s, int cap, int *ids, df_expert_w *w) {
+    int n = 0;
+    for (int i = 0; i < s->n_want && n < cap; i++) {
+        if (s->handed[i]) continue;
+        int si = s->key_slot[s->layer * s->E + s->want[i]];
+        if (si < 0 || s->slots[si].state != SLOT_READY) continue;
+        s->handed[i] = true;
+        s->n_handed++;
+        s->last[s->n_last++] = si;
+        ids[n] = s->want[i];
+        fill_weights(s, s->layer, s->want[i], &s->slots[si], &w[n]);
+        n++;
     }
+    return n;
+}
+
+int df_store_next(df_store *s, int cap, int *ids, df_expert_w *w, int *n_out, df_error *err) {
+    *n_out = 0;
+    for (int i = 0; i < s->n_last; i++) /* the caller is done with the previous ones */
+        s->slots[s->last[i]].pin = 0;
+    s->n_last = 0;
     while (s->n_handed < s->n_want) {
         if (s->failed) {
             *err = s->fail;
@@ -880,17 +915,9 @@ int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err) {
         while (next_cqe(s, false, &d, &res) > 0) complete(s, d, res);
         if (s->n_queue) fill_queue(s);
         pump(s);
-        for (int i = 0; i < s->n_want; i++) {
-            if (s->handed[i]) continue;
-            int si = s->key_slot[s->layer * s->E + s->want[i]];
-            if (si < 0 || s->slots[si].state != SLOT_READY) continue;
-            s->handed[i] = true;
-            s->n_handed++;
-            s->last_slot = si;
-            *expert = s->want[i];
-            fill_weights(s, s->layer, s->want[i], &s->slots[si], w);
-            return DF_OK;
-        }
+        /* While misses wait for a transient slot, one expert at a time: each
+         * one used frees its slot for the next read. */
+        if ((*n_out = hand_out(s, s->n_queue ? 1 : cap, ids, w)) > 0) return DF_OK;
         if (s->failed) continue;
         /* nothing ready: block on the disk */
         io_uring_submit(&s->ring);
@@ -915,7 +942,7 @@ void df_store_end_layer(df_store *s) {
         s->slots[si].pin = 0;
         if (!s->slots[si].cached && s->slots[si].state == SLOT_READY) drop_key(s, si); /* transient */
     }
-    s->last_slot = -1;
+    s->n_last = 0;
     s->n_want = s->n_handed = s->n_queue = 0;
     pump(s);
 }

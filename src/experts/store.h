@@ -55,6 +55,9 @@ typedef struct df_store_stats {
 } df_store_stats;
 
 int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_error *err);
+/* The store as the model layer's expert source (model/experts.h); closing the
+ * source closes the store. */
+df_xsource *df_store_xsource(df_store *s);
 void df_store_close(df_store *s);
 int df_store_slots(const df_store *s);
 bool df_store_holds_all(const df_store *s); /* every expert has a cache slot */
@@ -65,9 +68,10 @@ df_store_stats df_store_get_stats(const df_store *s);
 
 /* Starts a layer: `experts` are the distinct experts its rows need. */
 int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_error *err);
-/* Hands out the next ready expert of the layer: *expert = its id and *w views of
- * its weights, valid until the next call; *expert = -1 when all were handed out. */
-int df_store_next(df_store *s, int *expert, df_expert *w, df_error *err);
+/* Hands out up to cap ready experts of the layer (blocking until one is): their
+ * ids and views of their weights, valid until the next call; *n_out = 0 when all
+ * were handed out. While misses wait for a transient slot, one at a time. */
+int df_store_next(df_store *s, int cap, int *ids, df_expert_w *w, int *n_out, df_error *err);
 void df_store_end_layer(df_store *s);
 /* A forward step (one token, or one batch of `rows` rows) is complete. */
 void df_store_end_step(df_store *s, int rows);

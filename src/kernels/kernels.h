@@ -33,15 +33,87 @@ int df_pool_size(const df_pool *p);
 void df_pool_for(df_pool *p, int n, int align,
                  void (*fn)(void *ctx, int begin, int end), void *ctx);
 
+/* ---- weight formats --------------------------------------------------------
+ * A matrix is described by its format and its bytes exactly as shipped; the
+ * kernels decode values in registers, never into a widened copy.
+ *
+ *   elem    what one stored value is: F32, F16, BF16 (one per element);
+ *           F8_E4M3 (one byte); I4 (signed 4-bit stored as q+8) and E2M1 (FP4),
+ *           two per byte, the even column in the low nibble.
+ *   scale   the type of the scales (NONE: the values are the weights), one
+ *           scale per block_rows x block_cols values: FP8 blocks are 128x128
+ *           (F32 scales, "weight_scale_inv"), INT4 and MXFP4 groups 1x32 along a
+ *           row (BF16 and E8M0 scales). The scale grid is
+ *           [ceil(rows/block_rows)][ceil(cols/block_cols)], row-major.
+ *
+ * Exactness contract for a scaled format (the formats issue implements it;
+ * today the kernels compute F32, F16 and BF16 only, and loaders refuse the
+ * rest with df_wfmt_computable):
+ *   1. An element decodes to w = fl(decode(q) * scale) in f32: decode(q) is
+ *      exact in f32 (e4m3 subnormals and the 0x7F/0xFF NaNs included, the e2m1
+ *      table, the INT4 offset), the scale is exact in f32 (F32, BF16 widened,
+ *      E8M0 as ldexpf(1, s - 127)), and the one product is rounded to nearest
+ *      even. It is exact for INT4 and MXFP4 (few significant bits) and one
+ *      rounding for FP8 x F32. It is computed with a plain multiply, never
+ *      fused into the accumulation.
+ *   2. w then enters the reduction below exactly as an F32 weight would: the
+ *      same 16 lanes, element k in lane k % 16, the same tree. So the result
+ *      does not depend on block or group boundaries, the batch size, the
+ *      thread count or the ISA path, and a scaled row reduces in the order its
+ *      dense equivalent would.
+ *   3. Hugging Face's path materialises BF16 weights first (bf16(decode(q) *
+ *      scale)); deltafin keeps the f32 product, so the two differ by that
+ *      rounding and are compared with a tolerance, while deltafin's own paths
+ *      agree bit for bit.
+ */
+typedef enum df_elem {
+    DF_EL_F32 = 0,
+    DF_EL_F16,
+    DF_EL_BF16,
+    DF_EL_F8_E4M3,
+    DF_EL_I4,
+    DF_EL_E2M1,
+    DF_EL_COUNT
+} df_elem;
+
+typedef enum df_scale_type { DF_SC_NONE = 0, DF_SC_F32, DF_SC_BF16, DF_SC_E8M0 } df_scale_type;
+
+typedef struct df_wfmt {
+    df_elem elem;
+    df_scale_type scale;
+    int block_rows, block_cols; /* 0 when scale is NONE */
+} df_wfmt;
+
+/* A matrix [rows][cols] in format fmt: the kernels' view of a weight. */
+typedef struct df_wview {
+    df_wfmt fmt;
+    const void *data;  /* values, row-major, df_wfmt_row_bytes per row */
+    const void *scale; /* the scale grid, or NULL when fmt.scale is NONE */
+    int rows, cols;
+} df_wview;
+
+/* The unscaled format of a stored dtype (F32, F16, BF16, F8_E4M3); false if
+ * the dtype is no weight format. */
+bool df_wfmt_of_dtype(df_dtype t, df_wfmt *out);
+const char *df_wfmt_name(df_wfmt f);     /* "BF16", "F8_E4M3/F32[128x128]" ... */
+bool df_wfmt_computable(df_wfmt f);      /* the kernels implement it */
+size_t df_wfmt_row_bytes(df_wfmt f, int cols);
+uint64_t df_wfmt_bytes(df_wfmt f, int rows, int cols);       /* the values */
+uint64_t df_wfmt_scale_bytes(df_wfmt f, int rows, int cols); /* the scale grid */
+static inline df_wview df_wview_make(const void *data, df_dtype t, int rows, int cols) {
+    df_wview v = {{DF_EL_F32, DF_SC_NONE, 0, 0}, data, NULL, rows, cols};
+    df_wfmt_of_dtype(t, &v.fmt);
+    return v;
+}
+
 /* ---- products ----------------------------------------------------------- */
-/* y[t*ldy + n] = sum_k w[n*K + k] * x[t*ldx + k], for t < T, n < N.
- * w is row-major [N][K] in dtype wt (F32, F16 or BF16). Threads split N. */
-void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx,
-               const void *w, df_dtype wt, int T, int N, int K);
+/* y[t*ldy + n] = sum_k w[n][k] * x[t*ldx + k], for t < T, n < w->rows, over
+ * k < w->cols. Threads split the rows. */
+void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const df_wview *w, int T);
 /* Single-threaded form over output rows [n0, n1) (for callers that already
  * split work themselves). */
-void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const void *w,
-                    df_dtype wt, int T, int n0, int n1, int K);
+void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0,
+                    int n1);
 /* Dot product of two F32 vectors with the same reduction order. */
 float df_dot_f32(const float *a, const float *b, int n);
 /* y[i] += a * x[i] (elementwise, exact per element) */

@@ -168,11 +168,25 @@ static rows_fn rows_for(df_isa isa) {
     return matmul_rows_c;
 }
 
-void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const void *w, df_dtype wt,
-                    int T, int n0, int n1, int K) {
-    if (!df_dtype_computable(wt)) bad_dtype(wt);
-    if (T <= 0 || n1 <= n0 || K < 0) return;
-    rows_for(df_isa_get())(y, ldy, x, ldx, w, wt, T, n0, n1, K);
+/* The stored dtype a computable format's values are read as. */
+static df_dtype dense_dtype(const df_wview *w) {
+    switch (w->fmt.scale == DF_SC_NONE ? w->fmt.elem : DF_EL_COUNT) {
+    case DF_EL_F32: return DF_DT_F32;
+    case DF_EL_F16: return DF_DT_F16;
+    case DF_EL_BF16: return DF_DT_BF16;
+    default:
+        /* A programming error, not bad input: loaders refuse formats the
+         * kernels do not compute (df_wfmt_computable). */
+        fprintf(stderr, "deltafin: kernel called with weight format %s\n", df_wfmt_name(w->fmt));
+        abort();
+    }
+}
+
+void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0,
+                    int n1) {
+    df_dtype wt = dense_dtype(w);
+    if (T <= 0 || n1 <= n0 || w->cols < 0) return;
+    rows_for(df_isa_get())(y, ldy, x, ldx, w->data, wt, T, n0, n1, w->cols);
 }
 
 struct mm_ctx {
@@ -189,15 +203,67 @@ static void mm_task(void *arg, int n0, int n1) {
     c->rows(c->y, c->ldy, c->x, c->ldx, c->w, c->wt, c->T, n0, n1, c->K);
 }
 
-void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const void *w,
-               df_dtype wt, int T, int N, int K) {
-    if (!df_dtype_computable(wt)) bad_dtype(wt);
-    if (T <= 0 || N <= 0 || K < 0) return;
+void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const df_wview *w, int T) {
+    df_dtype wt = dense_dtype(w);
+    if (T <= 0 || w->rows <= 0 || w->cols < 0) return;
     /* One path for the whole call, even if df_isa_set races with it. */
-    struct mm_ctx c = {rows_for(df_isa_get()), y, x, w, wt, ldy, ldx, T, K};
+    struct mm_ctx c = {rows_for(df_isa_get()), y, x, w->data, wt, ldy, ldx, T, w->cols};
     /* 16 rows: whole register tiles, and 64 bytes of each output row, so two
      * threads never write the same cache line of y (when y is 64-aligned). */
-    df_pool_for(pool, N, 16, mm_task, &c);
+    df_pool_for(pool, w->rows, 16, mm_task, &c);
+}
+
+/* ---- weight formats ------------------------------------------------------ */
+
+static const char *const ELEM_NAMES[DF_EL_COUNT] = {"F32", "F16", "BF16", "F8_E4M3", "I4", "E2M1"};
+static const char *const SCALE_NAMES[] = {"", "F32", "BF16", "E8M0"};
+
+bool df_wfmt_of_dtype(df_dtype t, df_wfmt *out) {
+    df_wfmt f = {DF_EL_F32, DF_SC_NONE, 0, 0};
+    switch (t) {
+    case DF_DT_F32: f.elem = DF_EL_F32; break;
+    case DF_DT_F16: f.elem = DF_EL_F16; break;
+    case DF_DT_BF16: f.elem = DF_EL_BF16; break;
+    case DF_DT_F8_E4M3: f.elem = DF_EL_F8_E4M3; break;
+    default: return false;
+    }
+    *out = f;
+    return true;
+}
+
+const char *df_wfmt_name(df_wfmt f) {
+    static __thread char buf[48];
+    const char *e = (unsigned)f.elem < DF_EL_COUNT ? ELEM_NAMES[f.elem] : "?";
+    if (f.scale == DF_SC_NONE) return e;
+    snprintf(buf, sizeof buf, "%s/%s[%dx%d]", e, (unsigned)f.scale <= DF_SC_E8M0 ? SCALE_NAMES[f.scale] : "?",
+             f.block_rows, f.block_cols);
+    return buf;
+}
+
+bool df_wfmt_computable(df_wfmt f) {
+    return f.scale == DF_SC_NONE && (f.elem == DF_EL_F32 || f.elem == DF_EL_F16 || f.elem == DF_EL_BF16);
+}
+
+size_t df_wfmt_row_bytes(df_wfmt f, int cols) {
+    size_t c = cols > 0 ? (size_t)cols : 0;
+    switch (f.elem) {
+    case DF_EL_F32: return 4 * c;
+    case DF_EL_F16: case DF_EL_BF16: return 2 * c;
+    case DF_EL_F8_E4M3: return c;
+    default: return (c + 1) / 2; /* two 4-bit values per byte */
+    }
+}
+
+uint64_t df_wfmt_bytes(df_wfmt f, int rows, int cols) {
+    return (uint64_t)(rows > 0 ? rows : 0) * df_wfmt_row_bytes(f, cols);
+}
+
+uint64_t df_wfmt_scale_bytes(df_wfmt f, int rows, int cols) {
+    if (f.scale == DF_SC_NONE || f.block_rows <= 0 || f.block_cols <= 0 || rows <= 0 || cols <= 0) return 0;
+    uint64_t gr = ((uint64_t)rows + (uint64_t)f.block_rows - 1) / (uint64_t)f.block_rows;
+    uint64_t gc = ((uint64_t)cols + (uint64_t)f.block_cols - 1) / (uint64_t)f.block_cols;
+    uint64_t es = f.scale == DF_SC_F32 ? 4 : f.scale == DF_SC_BF16 ? 2 : 1;
+    return gr * gc * es;
 }
 
 float df_dot_f32(const float *a, const float *b, int n) {

@@ -1,13 +1,19 @@
 /*
- * config.h - a Hugging Face config.json and generation_config.json, parsed and
- * validated for the architectures deltafin runs (qwen3, qwen3_moe).
+ * config.h - a Hugging Face config.json, parsed and validated into a df_config.
+ *
+ * Owns the fields every family shares (vocabulary, widths, layer count,
+ * context, norms, rotary scaling, token ids) and the field readers families use
+ * for their own fields (config_json.h). Which family a checkpoint belongs to
+ * is config.json's model_type, looked up in the architecture table (arch.h);
+ * the family's parse_config reads the rest. Sampling defaults from
+ * generation_config.json are not here: model/generation.h.
  */
 #ifndef DF_CONFIG_H
 #define DF_CONFIG_H
 
 #include "util/util.h"
 
-typedef enum df_arch { DF_ARCH_QWEN3 = 0, DF_ARCH_QWEN3_MOE = 1 } df_arch;
+struct df_arch;
 
 typedef enum df_rope_type {
     DF_ROPE_DEFAULT = 0,
@@ -19,15 +25,15 @@ typedef enum df_rope_type {
 #define DF_MAX_LAYERS 512
 
 typedef struct df_config {
-    df_arch arch;
+    const struct df_arch *arch; /* the architecture table entry of model_type */
     char model_type[32];
     int vocab_size;
     int hidden_size;
-    int intermediate_size;
+    int intermediate_size;      /* dense feed-forward width */
     int num_hidden_layers;
     int num_attention_heads;
     int num_key_value_heads;
-    int head_dim;               /* defaults to hidden_size / num_attention_heads */
+    int head_dim;
     int max_position_embeddings;
     double rms_norm_eps;
     double rope_theta;
@@ -44,30 +50,27 @@ typedef struct df_config {
     double yarn_mscale, yarn_mscale_all_dim;
     bool yarn_truncate;
 
-    /* mixture of experts (qwen3_moe) */
+    /* routed experts (0 experts: a dense model) */
     int num_experts;
     int num_experts_per_tok;
     int moe_intermediate_size;
     int decoder_sparse_step;
     bool norm_topk_prob;
-    bool layer_is_moe[DF_MAX_LAYERS]; /* derived: sparse step and mlp_only_layers */
+    bool layer_is_moe[DF_MAX_LAYERS]; /* derived by the family */
 
-    /* generation_config.json (and config.json fallbacks) */
+    /* token ids named in config.json (generation_config.json may override the
+     * end-of-sequence ids: model/generation.h) */
     int bos_token_id;           /* -1 if none */
     int eos_token_ids[8];
     int n_eos_token_ids;
-    double gen_temperature;     /* < 0 if unset */
-    double gen_top_p;
-    int gen_top_k;
 } df_config;
 
 /* Parses config.json text; `path` names the file in errors. */
 int df_config_parse(df_config *c, const char *json, size_t len, const char *path,
                     df_error *err);
-/* Applies generation_config.json text (optional file: NULL json = absent). */
-int df_config_parse_generation(df_config *c, const char *json, size_t len,
-                               const char *path, df_error *err);
-/* Loads DIR/config.json and DIR/generation_config.json (if present). */
+/* Loads DIR/config.json. */
 int df_config_load_dir(df_config *c, const char *dir, df_error *err);
+/* MoE layers among the model's layers. */
+int df_config_moe_layers(const df_config *c);
 
 #endif

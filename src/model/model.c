@@ -1,13 +1,17 @@
 /*
- * model.c - turns a checkpoint directory into a df_model: finds every tensor the
- * architecture needs, checks its dtype and shape against config.json (the error
- * names the tensor), widens the small norm vectors to F32 (exact), leaves the
- * matrices in their stored dtype inside the mapping, computes the rotary
- * frequencies, and counts always-active vs routed-expert bytes. For streaming
- * it also reads the always-active matrices into anonymous memory (still in
- * their stored dtype, byte for byte; see the last section).
+ * model.c - turns a checkpoint directory into a df_model: the config, the
+ * mapped safetensors files, the routed-expert inventory, and the tensors every
+ * family has (embedding, final norm, LM head); the family's load does the rest
+ * with the helpers here, which check every tensor's dtype and shape against
+ * config.json (the error names the tensor), widen the small norm vectors to
+ * F32 (exact) and leave the matrices in their stored format inside the
+ * mapping. It counts always-active vs routed-expert bytes, and for streaming
+ * reads the always-active matrices into anonymous memory (still in their
+ * stored format, byte for byte; see the last section).
  */
 #include "model/model.h"
+
+#include "model/arch.h"
 
 #include <errno.h>
 #include <math.h>
@@ -18,19 +22,20 @@
 
 /* ---- tensor lookup with shape checks ----------------------------------------- */
 
+static int computable(const df_model *m, const df_tensor *t, df_error *err) {
+    df_wfmt f;
+    if (df_wfmt_of_dtype(t->dtype, &f) && df_wfmt_computable(f)) return DF_OK;
+    return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32)",
+                   df_st_file_path(m->st, t->file), t->name, df_dtype_name(t->dtype));
+}
+
 static int find(const df_model *m, const char *name, const df_tensor **out, df_error *err) {
     const df_tensor *t = df_st_find(m->st, name);
     if (!t)
         return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
                        df_st_file_path(m->st, 0), name);
-    if (!df_dtype_computable(t->dtype))
-        return df_fail(err, DF_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32)",
-                       df_st_file_path(m->st, t->file), name, df_dtype_name(t->dtype));
-    *out = t;
-    return DF_OK;
+    return computable(m, t, err) ? DF_ERR_UNSUPPORTED : (*out = t, DF_OK);
 }
-
 static void shape_str(const df_tensor *t, char *buf, size_t n) {
     size_t o = 0;
     o += (size_t)snprintf(buf + o, n - o, "[");
@@ -39,35 +44,39 @@ static void shape_str(const df_tensor *t, char *buf, size_t n) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-static int get_matrix(const df_model *m, df_weight *w, const char *name, int rows, int cols,
-                      df_error *err) {
+static int check_2d(const df_model *m, const df_tensor *t, int rows, int cols, df_error *err) {
+    if (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols) return DF_OK;
+    char got[128];
+    shape_str(t, got, sizeof got);
+    return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' has shape %s but config.json implies [%d,%d]",
+                   df_st_file_path(m->st, t->file), t->name, got, rows, cols);
+}
+
+int df_model_matrix(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active,
+                    df_error *err) {
     const df_tensor *t;
     int rc = find(m, name, &t, err);
-    if (rc) return rc;
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-        char got[128];
-        shape_str(t, got, sizeof got);
-        return df_fail(err, DF_ERR_SHAPE,
-                       "%s: tensor '%s' has shape %s but config.json implies [%d,%d]",
-                       df_st_file_path(m->st, t->file), name, got, rows, cols);
-    }
-    w->data = t->data;
-    w->dtype = t->dtype;
-    w->rows = rows;
-    w->cols = cols;
+    if (rc || (rc = check_2d(m, t, rows, cols, err))) return rc;
+    w->v = df_wview_make(t->data, t->dtype, rows, cols);
     w->t = t;
+    if (active) {
+        if (m->n_active == m->cap_active) {
+            m->cap_active = m->cap_active ? 2 * m->cap_active : 64;
+            m->active = df_xrealloc(m->active, sizeof(df_weight *) * (size_t)m->cap_active);
+        }
+        m->active[m->n_active++] = w;
+    }
     return DF_OK;
 }
 
-static int get_vector(const df_model *m, float **out, const char *name, int n, df_error *err) {
+int df_model_vector(df_model *m, float **out, const char *name, int n, df_error *err) {
     const df_tensor *t;
     int rc = find(m, name, &t, err);
     if (rc) return rc;
     if (t->ndim != 1 || t->shape[0] != n) {
         char got[128];
         shape_str(t, got, sizeof got);
-        return df_fail(err, DF_ERR_SHAPE,
-                       "%s: tensor '%s' has shape %s but config.json implies [%d]",
+        return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' has shape %s but config.json implies [%d]",
                        df_st_file_path(m->st, t->file), name, got, n);
     }
     *out = df_xmalloc(sizeof(float) * (size_t)n);
@@ -75,129 +84,36 @@ static int get_vector(const df_model *m, float **out, const char *name, int n, d
     return DF_OK;
 }
 
-/* ---- rotary frequencies ---------------------------------------------------------
- * Follows Hugging Face's rope initialisation, which computes in float32: the
- * stored inv_freq values are what a transformers run uses, so we reproduce
- * them in float rather than in double. */
-
-static double yarn_correction_dim(double rot, int dim, double base, double max_pos) {
-    return (dim * log(max_pos / (rot * 2.0 * M_PI))) / (2.0 * log(base));
-}
-
-static double yarn_get_mscale(double scale, double mscale) {
-    return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
-}
-
-static int init_rope(df_model *m, df_error *err) {
-    const df_config *c = &m->cfg;
-    int dim = c->head_dim, half = dim / 2;
-    float base = (float)c->rope_theta;
-    m->inv_freq = df_xmalloc(sizeof(float) * (size_t)half);
-    m->rope_attn_factor = 1.0f;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)dim;
-        m->inv_freq[i] = 1.0f / powf(base, expo);
-    }
-    switch (c->rope_type) {
-    case DF_ROPE_DEFAULT:
-        break;
-    case DF_ROPE_LINEAR:
-        for (int i = 0; i < half; i++) m->inv_freq[i] /= (float)c->rope_factor;
-        break;
-    case DF_ROPE_YARN: {
-        double factor = c->rope_factor;
-        double orig = c->rope_original_max_position_embeddings > 0
-                          ? c->rope_original_max_position_embeddings
-                          : c->max_position_embeddings;
-        double af = c->yarn_attention_factor;
-        if (af <= 0) {
-            if (c->yarn_mscale > 0 && c->yarn_mscale_all_dim > 0)
-                af = yarn_get_mscale(factor, c->yarn_mscale) /
-                     yarn_get_mscale(factor, c->yarn_mscale_all_dim);
-            else
-                af = yarn_get_mscale(factor, 1.0);
-        }
-        double low = yarn_correction_dim(c->yarn_beta_fast, dim, c->rope_theta, orig);
-        double high = yarn_correction_dim(c->yarn_beta_slow, dim, c->rope_theta, orig);
-        if (c->yarn_truncate) {
-            low = floor(low);
-            high = ceil(high);
-        }
-        if (low < 0) low = 0;
-        if (high > dim - 1) high = dim - 1;
-        if (low == high) high += 0.001;
-        for (int i = 0; i < half; i++) {
-            float pos_freq = powf(base, (float)(2 * i) / (float)dim);
-            float extra = 1.0f / pos_freq;
-            float inter = 1.0f / ((float)factor * pos_freq);
-            float ramp = (float)(((float)i - (float)low) / (float)(high - low));
-            if (ramp < 0) ramp = 0;
-            if (ramp > 1) ramp = 1;
-            float extra_factor = 1.0f - ramp;
-            m->inv_freq[i] = inter * (1.0f - extra_factor) + extra * extra_factor;
-        }
-        m->rope_attn_factor = (float)af;
-        break;
-    }
-    case DF_ROPE_DYNAMIC:
-        return df_fail(err, DF_ERR_UNSUPPORTED,
-                       "config.json: rope_scaling type 'dynamic' is not supported: its "
-                       "frequencies change with sequence length, so cached keys would "
-                       "not stay valid");
+int df_model_check_experts(const df_model *m, const int *rows, const int *cols, df_error *err) {
+    const df_expert_inventory *inv = &m->experts;
+    for (int li = 0; li < inv->n_layers; li++) {
+        if (!m->cfg.layer_is_moe[li]) continue;
+        for (int e = 0; e < inv->n_experts; e++)
+            for (int p = 0; p < inv->layout->n_parts; p++) {
+                const df_tensor *t = df_expert_part(inv, li, e, p);
+                int rc = computable(m, t, err);
+                if (rc || (rc = check_2d(m, t, rows[p], cols[p], err))) return rc;
+            }
     }
     return DF_OK;
 }
 
 /* ---- loading -------------------------------------------------------------------- */
 
-static int load_layer(df_model *m, int li, df_error *err) {
+static int load_common(df_model *m, df_error *err) {
     const df_config *c = &m->cfg;
-    df_layer *L = &m->layers[li];
-    char n[256];
-    int rc, H = c->hidden_size, hd = c->head_dim;
-    int qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
-#define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
-    if ((rc = get_vector(m, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", li), H, err)) ||
-        (rc = get_vector(m, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", li), H, err)) ||
-        (rc = get_vector(m, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", li), hd, err)) ||
-        (rc = get_vector(m, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", li), hd, err)) ||
-        (rc = get_matrix(m, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", li), qd, H, err)) ||
-        (rc = get_matrix(m, &L->k, NAME("model.layers.%d.self_attn.k_proj.weight", li), kvd, H, err)) ||
-        (rc = get_matrix(m, &L->v, NAME("model.layers.%d.self_attn.v_proj.weight", li), kvd, H, err)) ||
-        (rc = get_matrix(m, &L->o, NAME("model.layers.%d.self_attn.o_proj.weight", li), H, qd, err)))
+    bool tied = c->tie_word_embeddings && !df_st_find(m->st, "lm_head.weight");
+    int rc;
+    /* tied: the head reads all of the table every token */
+    if ((rc = df_model_matrix(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, tied,
+                              err)) ||
+        (rc = df_model_vector(m, &m->final_norm, "model.norm.weight", c->hidden_size, err)))
         return rc;
-    if (c->attention_bias) {
-        if ((rc = get_vector(m, &L->q_bias, NAME("model.layers.%d.self_attn.q_proj.bias", li), qd, err)) ||
-            (rc = get_vector(m, &L->k_bias, NAME("model.layers.%d.self_attn.k_proj.bias", li), kvd, err)) ||
-            (rc = get_vector(m, &L->v_bias, NAME("model.layers.%d.self_attn.v_proj.bias", li), kvd, err)))
-            return rc;
-        /* Qwen3's o_proj takes the same flag in transformers */
-        if ((rc = get_vector(m, &L->o_bias, NAME("model.layers.%d.self_attn.o_proj.bias", li), H, err)))
-            return rc;
-    }
-    L->is_moe = c->layer_is_moe[li];
-    if (!L->is_moe) {
-        int I = c->intermediate_size;
-        if ((rc = get_matrix(m, &L->gate, NAME("model.layers.%d.mlp.gate_proj.weight", li), I, H, err)) ||
-            (rc = get_matrix(m, &L->up, NAME("model.layers.%d.mlp.up_proj.weight", li), I, H, err)) ||
-            (rc = get_matrix(m, &L->down, NAME("model.layers.%d.mlp.down_proj.weight", li), H, I, err)))
-            return rc;
+    if (tied) {
+        m->lm_head = m->embed;
         return DF_OK;
     }
-    int E = c->num_experts, I = c->moe_intermediate_size;
-    if ((rc = get_matrix(m, &L->router, NAME("model.layers.%d.mlp.gate.weight", li), E, H, err)))
-        return rc;
-    L->experts = df_xcalloc((size_t)E, sizeof(df_expert));
-    for (int e = 0; e < E; e++) {
-        df_expert *x = &L->experts[e];
-        if ((rc = get_matrix(m, &x->gate, NAME("model.layers.%d.mlp.experts.%d.gate_proj.weight", li, e), I, H, err)) ||
-            (rc = get_matrix(m, &x->up, NAME("model.layers.%d.mlp.experts.%d.up_proj.weight", li, e), I, H, err)) ||
-            (rc = get_matrix(m, &x->down, NAME("model.layers.%d.mlp.experts.%d.down_proj.weight", li, e), H, I, err)))
-            return rc;
-        m->bytes_experts += x->gate.t->nbytes + x->up.t->nbytes + x->down.t->nbytes;
-    }
-#undef NAME
-    return DF_OK;
+    return df_model_matrix(m, &m->lm_head, "lm_head.weight", c->vocab_size, c->hidden_size, true, err);
 }
 
 int df_model_load(df_model *m, const char *dir, df_error *err) {
@@ -206,20 +122,17 @@ int df_model_load(df_model *m, const char *dir, df_error *err) {
     if (rc) return rc;
     if ((rc = df_st_open_dir(&m->st, dir, err))) return rc;
     const df_config *c = &m->cfg;
-    for (size_t i = 0; i < df_st_count(m->st); i++) m->bytes_total += df_st_at(m->st, i)->nbytes;
-
-    if ((rc = get_matrix(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, err)) ||
-        (rc = get_vector(m, &m->final_norm, "model.norm.weight", c->hidden_size, err)))
+    size_t nt = df_st_count(m->st);
+    for (size_t i = 0; i < nt; i++) m->bytes_total += df_st_at(m->st, i)->nbytes;
+    if ((rc = load_common(m, err)) || (rc = df_expert_inventory_build(&m->experts, c, m->st, err)) ||
+        (rc = c->arch->load(m, err)))
         goto fail;
-    if (c->tie_word_embeddings && !df_st_find(m->st, "lm_head.weight")) {
-        m->lm_head = m->embed;
-    } else if ((rc = get_matrix(m, &m->lm_head, "lm_head.weight", c->vocab_size, c->hidden_size, err))) {
-        goto fail;
-    }
-    m->layers = df_xcalloc((size_t)c->num_hidden_layers, sizeof(df_layer));
-    for (int li = 0; li < c->num_hidden_layers; li++)
-        if ((rc = load_layer(m, li, err))) goto fail;
-    if ((rc = init_rope(m, err))) goto fail;
+    m->is_expert = df_xcalloc(nt ? nt : 1, sizeof(bool));
+    for (int li = 0; m->experts.xt && li < m->experts.n_layers; li++)
+        for (int e = 0; c->layer_is_moe[li] && e < m->experts.n_experts; e++)
+            for (int p = 0; p < m->experts.layout->n_parts; p++)
+                m->is_expert[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = true;
+    m->bytes_experts = m->experts.bytes;
     m->bytes_dense = m->bytes_total - m->bytes_experts;
     return DF_OK;
 fail:
@@ -228,23 +141,11 @@ fail:
 }
 
 void df_model_free(df_model *m) {
-    if (m->layers) {
-        for (int li = 0; li < m->cfg.num_hidden_layers; li++) {
-            df_layer *L = &m->layers[li];
-            free(L->attn_norm);
-            free(L->ffn_norm);
-            free(L->q_norm);
-            free(L->k_norm);
-            free(L->q_bias);
-            free(L->k_bias);
-            free(L->v_bias);
-            free(L->o_bias);
-            free(L->experts);
-        }
-        free(m->layers);
-    }
+    if (m->cfg.arch && m->fam) m->cfg.arch->unload(m);
+    df_expert_inventory_free(&m->experts);
     free(m->final_norm);
-    free(m->inv_freq);
+    free(m->active);
+    free(m->is_expert);
     if (m->ram) munmap(m->ram, m->ram_bytes);
     free(m->ram_of);
     if (m->st) df_st_close(m->st);
@@ -270,25 +171,8 @@ void df_model_free(df_model *m) {
 
 int df_model_dense_to_ram(df_model *m, df_error *err) {
     if (m->ram) return DF_OK;
-    const df_config *c = &m->cfg;
-    int L = c->num_hidden_layers, n = 0;
-    df_weight **w = df_xmalloc(sizeof(df_weight *) * ((size_t)L * 7 + 2));
-    w[n++] = &m->lm_head;
-    if (m->lm_head.t == m->embed.t) w[n++] = &m->embed; /* tied: the head reads all of it */
-    for (int li = 0; li < L; li++) {
-        df_layer *l = &m->layers[li];
-        w[n++] = &l->q;
-        w[n++] = &l->k;
-        w[n++] = &l->v;
-        w[n++] = &l->o;
-        if (l->is_moe) {
-            w[n++] = &l->router;
-        } else {
-            w[n++] = &l->gate;
-            w[n++] = &l->up;
-            w[n++] = &l->down;
-        }
-    }
+    df_weight **w = m->active;
+    int n = m->n_active;
     size_t nt = df_st_count(m->st), total = 0;
     size_t *off = df_xmalloc(sizeof(size_t) * (nt ? nt : 1));
     for (size_t i = 0; i < nt; i++) off[i] = SIZE_MAX;
@@ -301,7 +185,6 @@ int df_model_dense_to_ram(df_model *m, df_error *err) {
     size_t huge = (size_t)2 << 20, bytes = (total + huge - 1) & ~(huge - 1);
     uint8_t *ram = bytes ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
     if (ram == MAP_FAILED) {
-        free(w);
         free(off);
         return df_fail(err, DF_ERR_NOMEM, "cannot allocate %.1f MiB for the always-active weights",
                        (double)bytes / 1048576.0);
@@ -318,17 +201,16 @@ int df_model_dense_to_ram(df_model *m, df_error *err) {
     }
     if (rc) {
         if (ram) munmap(ram, bytes);
-        free(w);
         free(off);
         return rc;
     }
     m->ram_of = df_xcalloc(nt ? nt : 1, sizeof(void *));
     for (size_t i = 0; i < nt; i++)
         if (off[i] != SIZE_MAX) m->ram_of[i] = ram + off[i];
-    for (int i = 0; i < n; i++) w[i]->data = m->ram_of[df_st_index(m->st, w[i]->t)];
+    for (int i = 0; i < n; i++) w[i]->v.data = m->ram_of[df_st_index(m->st, w[i]->t)];
+    if (m->lm_head.t == m->embed.t) m->lm_head.v.data = m->embed.v.data;
     m->ram = ram;
     m->ram_bytes = bytes;
-    free(w);
     free(off);
     return DF_OK;
 }

@@ -1,5 +1,9 @@
 /*
- * qwen3.c - the forward pass of Qwen3 (dense) and Qwen3-MoE, read top to bottom:
+ * qwen3.c - the Qwen3 family: Qwen3 (dense) and Qwen3-MoE. Everything that is
+ * Qwen3's lives here: its config.json fields, its tensor names, its state (a
+ * grouped-query key/value cache per layer), its forward pass, its stop token
+ * and chat template, and its lines of `deltafin inspect`. The forward pass
+ * reads top to bottom over the shared blocks (blocks.h):
  *
  *   x = embed(tokens)
  *   for each layer:
@@ -9,555 +13,463 @@
  *       x += dense SiLU-gated MLP(h)        or, on MoE layers,
  *       x += sum_k w_k * expert_k(h)        softmax router over all experts, top-k
  *   logits = lm_head(rmsnorm(x))
- *
- * The pass takes T consecutive positions of one sequence at once. Exactness
- * rules that make a row's logits independent of T and of the thread count:
- * every reduction is either a kernel from kernels.h (fixed order per output
- * element) or a plain sequential loop over one row; work is split over rows,
- * heads or output features, never over a reduction; MoE outputs are combined
- * per row in top-k slot order, not in the order experts happen to be computed.
  */
-#include "model/model.h"
+#include "model/arch.h"
+#include "model/blocks.h"
+#include "model/config_json.h"
 
-#include "experts/store.h"
-
-#include <math.h>
 #include <stdlib.h>
 
-struct df_fwd_buf {
-    int rows, max_ctx;
-    float *x, *xb, *q, *k, *v, *att, *hg, *hu;
-    float *router;      /* [R][E] */
-    int *sel;           /* [R][topk] expert ids */
-    float *selw;        /* [R][topk] routing weights */
-    float *xg, *yg;     /* [R][H] rows gathered for one expert, its output */
-    int *grow;          /* [R] (row*topk + slot) of each gathered row */
-    float *yslot;       /* [R][topk][H] */
-    float *pxb, *prouter; /* [R][H], [R][E]: a later layer's router, run early */
-    int *psel;            /* [R][topk] */
-    float *pselw;
-    df_route_fn route_fn; /* routing replay (benchmarks): replaces the top-k ids */
-    void *route_user;
-};
+/* ---- config.json ------------------------------------------------------------------- */
 
-/* The sizes the work buffers are made of. */
-typedef struct dims { size_t R, H, qd, kvd, I, E, K, HG; } dims;
-
-static dims buf_dims(const df_model *m, int rows) {
-    const df_config *c = &m->cfg;
-    dims d;
-    d.R = (size_t)rows;
-    d.H = (size_t)c->hidden_size;
-    d.qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
-    d.kvd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    d.I = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size
-                                                                   : c->moe_intermediate_size);
-    d.E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
-    d.K = (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
-    /* hg/hu: R rows of the widest MLP, or one row's K experts side by side
-     * (moe_one_row) */
-    size_t one_row = c->num_experts > 0 ? d.K * (size_t)c->moe_intermediate_size : 0;
-    d.HG = d.R * d.I > one_row ? d.R * d.I : one_row;
-    return d;
+static int parse_attention(df_config *c, json_t *root, const df_cfg_ctx *p, bool moe) {
+    int rc;
+    bool have;
+    if ((rc = df_cfg_int(p, root, "num_attention_heads", true, 1, DF_CFG_MAX_HEADS, &c->num_attention_heads,
+                         NULL)))
+        return rc;
+    if ((rc = df_cfg_int(p, root, "num_key_value_heads", false, 1, c->num_attention_heads,
+                         &c->num_key_value_heads, &have)))
+        return rc;
+    if (!have) c->num_key_value_heads = c->num_attention_heads;
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return df_fail(p->err, DF_ERR_FORMAT,
+                       "%s: field 'num_attention_heads' (%d) must be a multiple of num_key_value_heads (%d)",
+                       p->path, c->num_attention_heads, c->num_key_value_heads);
+    if ((rc = df_cfg_int(p, root, "head_dim", false, 1, DF_CFG_MAX_HEAD_DIM, &c->head_dim, &have))) return rc;
+    if (!have && !moe) {
+        /* transformers' Qwen3Config defaults head_dim to 128, not hidden/heads */
+        c->head_dim = 128;
+    } else if (!have) {
+        if (c->hidden_size % c->num_attention_heads != 0)
+            return df_fail(p->err, DF_ERR_FORMAT,
+                           "%s: field 'head_dim' is absent and hidden_size (%d) is not a multiple of "
+                           "num_attention_heads (%d)",
+                           p->path, c->hidden_size, c->num_attention_heads);
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+        if (c->head_dim > DF_CFG_MAX_HEAD_DIM)
+            return df_fail(p->err, DF_ERR_FORMAT,
+                           "%s: field 'head_dim' is absent and hidden_size / num_attention_heads = %d "
+                           "exceeds %d",
+                           p->path, c->head_dim, DF_CFG_MAX_HEAD_DIM);
+    }
+    if (c->head_dim % 2 != 0)
+        return df_fail(p->err, DF_ERR_FORMAT, "%s: field 'head_dim' (%d) must be even (RoPE pairs)", p->path,
+                       c->head_dim);
+    return df_cfg_bool(p, root, "attention_bias", &c->attention_bias);
 }
 
-df_fwd_buf *df_fwd_buf_new(const df_model *m, int rows, int max_ctx) {
-    dims d = buf_dims(m, rows);
-    size_t R = d.R, H = d.H, qd = d.qd, kvd = d.kvd, E = d.E, K = d.K, HG = d.HG;
-    df_fwd_buf *b = df_xcalloc(1, sizeof *b);
-    b->rows = rows;
-    b->max_ctx = max_ctx;
-    b->x = df_aligned_alloc(sizeof(float) * R * H);
-    b->xb = df_aligned_alloc(sizeof(float) * R * H);
-    b->q = df_aligned_alloc(sizeof(float) * R * qd);
-    b->k = df_aligned_alloc(sizeof(float) * R * kvd);
-    b->v = df_aligned_alloc(sizeof(float) * R * kvd);
-    b->att = df_aligned_alloc(sizeof(float) * R * qd);
-    b->hg = df_aligned_alloc(sizeof(float) * HG);
-    b->hu = df_aligned_alloc(sizeof(float) * HG);
-    b->router = df_aligned_alloc(sizeof(float) * R * E);
-    b->sel = df_xcalloc(R * K, sizeof(int));
-    b->selw = df_aligned_alloc(sizeof(float) * R * K);
-    b->xg = df_aligned_alloc(sizeof(float) * R * H);
-    b->yg = df_aligned_alloc(sizeof(float) * R * H);
-    b->grow = df_xcalloc(R, sizeof(int));
-    b->yslot = df_aligned_alloc(sizeof(float) * R * K * H);
-    b->pxb = df_aligned_alloc(sizeof(float) * R * H);
-    b->prouter = df_aligned_alloc(sizeof(float) * R * E);
-    b->psel = df_xcalloc(R * K, sizeof(int));
-    b->pselw = df_aligned_alloc(sizeof(float) * R * K);
-    return b;
-}
-
-void df_fwd_buf_free(df_fwd_buf *b) {
-    if (!b) return;
-    free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->hg); free(b->hu); free(b->router); free(b->sel); free(b->selw);
-    free(b->xg); free(b->yg); free(b->grow); free(b->yslot);
-    free(b->pxb); free(b->prouter); free(b->psel); free(b->pselw);
-    free(b);
-}
-
-int df_fwd_buf_rows(const df_fwd_buf *b) { return b->rows; }
-
-void df_fwd_buf_set_route(df_fwd_buf *b, df_route_fn fn, void *user) {
-    b->route_fn = fn;
-    b->route_user = user;
-}
-
-size_t df_fwd_buf_bytes(const df_model *m, int rows, int max_ctx) {
-    dims d = buf_dims(m, rows);
-    size_t R = d.R, H = d.H, qd = d.qd, kvd = d.kvd, E = d.E, K = d.K, HG = d.HG;
-    /* the forward buffers, plus attention's per-thread score rows */
-    return sizeof(float) * (R * (5 * H + 2 * qd + 2 * kvd + 2 * E + 2 * K + K * H) + 2 * HG) +
-           sizeof(int) * R * (2 * K + 1) + sizeof(float) * 64 * (size_t)max_ctx;
-}
-
-int df_kv_init(df_kv *kv, const df_model *m, int max_ctx, df_error *err) {
-    const df_config *c = &m->cfg;
-    kv->max_ctx = max_ctx;
-    kv->kv_dim = c->num_key_value_heads * c->head_dim;
-    size_t n = (size_t)c->num_hidden_layers * (size_t)max_ctx * (size_t)kv->kv_dim;
-    kv->k = malloc(sizeof(float) * n);
-    kv->v = malloc(sizeof(float) * n);
-    if (!kv->k || !kv->v) {
-        free(kv->k);
-        free(kv->v);
-        kv->k = kv->v = NULL;
-        return df_fail(err, DF_ERR_NOMEM, "KV cache of %d positions (%.1f MiB) does not fit in memory",
-                       max_ctx, 2.0 * sizeof(float) * (double)n / 1048576.0);
+/* Only full attention over every position is implemented. */
+static int parse_layer_types(json_t *root, const df_cfg_ctx *p) {
+    bool sliding = false;
+    int rc = df_cfg_bool(p, root, "use_sliding_window", &sliding);
+    if (rc) return rc;
+    if (sliding) return df_fail(p->err, DF_ERR_UNSUPPORTED, "%s: use_sliding_window true is not supported", p->path);
+    json_t *lt = df_cfg_field(root, "layer_types");
+    if (!lt) return DF_OK;
+    if (!json_is_array(lt))
+        return df_fail(p->err, DF_ERR_FORMAT, "%s: field 'layer_types' must be a list of strings", p->path);
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+        json_t *x = json_array_get(lt, i);
+        if (!json_is_string(x))
+            return df_fail(p->err, DF_ERR_FORMAT, "%s: field 'layer_types' must be a list of strings", p->path);
+        if (strcmp(json_string_value(x), "full_attention") != 0)
+            return df_fail(p->err, DF_ERR_UNSUPPORTED,
+                           "%s: layer_types[%zu] '%.64s' is not supported (supported: full_attention)", p->path,
+                           i, json_string_value(x));
     }
     return DF_OK;
 }
 
-void df_kv_free(df_kv *kv) {
-    free(kv->k);
-    free(kv->v);
-    kv->k = kv->v = NULL;
-}
-
-/* ---- row-local helpers ---------------------------------------------------------- */
-
-/* HF RMSNorm: x * rsqrt(mean(x^2) + eps) * w, in float. */
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = df_dot_f32(x, x, n) / (float)n;
-    float s = 1.0f / sqrtf(ss + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * s) * w[i];
-}
-
-/* NeoX rotary layout: the two halves of a head rotate together. */
-static void rope(float *x, int hd, const float *cosv, const float *sinv) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float a = x[i], b = x[i + half];
-        x[i] = a * cosv[i] - b * sinv[i];
-        x[i + half] = b * cosv[i] + a * sinv[i];
+static int parse_experts(df_config *c, json_t *root, const df_cfg_ctx *p) {
+    int rc;
+    if ((rc = df_cfg_int(p, root, "num_experts", true, 0, DF_CFG_MAX_EXPERTS, &c->num_experts, NULL))) return rc;
+    if (c->num_experts > 0) {
+        if ((rc = df_cfg_int(p, root, "num_experts_per_tok", true, 1, c->num_experts, &c->num_experts_per_tok,
+                             NULL)))
+            return rc;
+        if ((rc = df_cfg_int(p, root, "moe_intermediate_size", true, 1, DF_CFG_MAX_INTER,
+                             &c->moe_intermediate_size, NULL)))
+            return rc;
     }
+    if ((rc = df_cfg_int(p, root, "decoder_sparse_step", false, 1, DF_MAX_LAYERS, &c->decoder_sparse_step, NULL)))
+        return rc;
+    return df_cfg_bool(p, root, "norm_topk_prob", &c->norm_topk_prob);
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
-static void embed_row(const df_model *m, int32_t tok, float *out) {
-    const df_weight *e = &m->embed;
-    size_t es = df_dtype_size(e->dtype);
-    df_to_f32(out, (const char *)e->data + (size_t)tok * (size_t)e->cols * es, e->dtype,
-              (size_t)e->cols);
-}
-
-static void add_bias(float *y, int ld, const float *bias, int T, int n) {
-    if (!bias) return;
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < n; i++) y[(size_t)t * ld + i] += bias[i];
-}
-
-static void matmul(df_pool *p, float *y, const float *x, const df_weight *w, int T) {
-    df_matmul(p, y, w->rows, x, w->cols, w->data, w->dtype, T, w->rows, w->cols);
-}
-
-/* ---- attention ------------------------------------------------------------------ */
-
-typedef struct {
-    const df_model *m;
-    const df_kv *kv;
-    const df_fwd_buf *b;
-    int layer, pos0;
-} attn_ctx;
-
-/* One (row, head) item per index: scores over positions 0..pos, softmax, then the
- * weighted sum of values in position order. */
-static void attn_items(void *vctx, int begin, int end) {
-    const attn_ctx *a = vctx;
-    const df_config *c = &a->m->cfg;
-    int nh = c->num_attention_heads, hd = c->head_dim;
-    int group = nh / c->num_key_value_heads, kvd = a->kv->kv_dim;
-    int qd = nh * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    size_t lofs = (size_t)a->layer * (size_t)a->kv->max_ctx * (size_t)kvd;
-    float *sc = df_xmalloc(sizeof(float) * (size_t)a->kv->max_ctx);
-    for (int it = begin; it < end; it++) {
-        int t = it / nh, h = it % nh, g = h / group;
-        int pos = a->pos0 + t;
-        const float *q = a->b->q + (size_t)t * qd + (size_t)h * hd;
-        const float *kbase = a->kv->k + lofs + (size_t)g * hd;
-        const float *vbase = a->kv->v + lofs + (size_t)g * hd;
-        float mx = -INFINITY;
-        for (int j = 0; j <= pos; j++) {
-            sc[j] = df_dot_f32(q, kbase + (size_t)j * kvd, hd) * scale;
-            if (sc[j] > mx) mx = sc[j];
-        }
-        float sum = 0.0f;
-        for (int j = 0; j <= pos; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        float inv = 1.0f / sum;
-        float *out = a->b->att + (size_t)t * qd + (size_t)h * hd;
-        memset(out, 0, sizeof(float) * (size_t)hd);
-        for (int j = 0; j <= pos; j++) df_axpy_f32(out, sc[j] * inv, vbase + (size_t)j * kvd, hd);
+static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
+    bool moe = strcmp(c->model_type, "qwen3_moe") == 0;
+    int rc;
+    const char *s;
+    if ((rc = df_cfg_str(p, root, "hidden_act", false, &s))) return rc;
+    if (s && strcmp(s, "silu") != 0)
+        return df_fail(p->err, DF_ERR_UNSUPPORTED, "%s: hidden_act '%.64s' is not supported (supported: silu)",
+                       p->path, s);
+    bool have_inter;
+    /* A MoE model needs the dense size only if some layer is dense (checked below). */
+    if ((rc = df_cfg_int(p, root, "intermediate_size", !moe, 1, DF_CFG_MAX_INTER, &c->intermediate_size,
+                         &have_inter)))
+        return rc;
+    if ((rc = parse_attention(c, root, p, moe)) || (rc = parse_layer_types(root, p)) ||
+        (rc = df_cfg_rope(c, root, p)))
+        return rc;
+    if (moe && (rc = parse_experts(c, root, p))) return rc;
+    bool mlp_only[DF_MAX_LAYERS] = {0};
+    if (moe && (rc = df_cfg_layer_list(p, root, "mlp_only_layers", c->num_hidden_layers, mlp_only))) return rc;
+    /* Hugging Face's Qwen3MoeDecoderLayer rule. */
+    bool any_dense = false;
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        c->layer_is_moe[i] = moe && c->num_experts > 0 && !mlp_only[i] && (i + 1) % c->decoder_sparse_step == 0;
+        any_dense |= !c->layer_is_moe[i];
     }
-    free(sc);
+    if (any_dense && !have_inter)
+        return df_fail(p->err, DF_ERR_FORMAT,
+                       "%s: required field 'intermediate_size' is missing (some layers are dense)", p->path);
+    return DF_OK;
 }
 
-/* The q, k and v projections as one job over their stacked output rows: one
- * pool crossing (and one wait for the slower thread) instead of three. Each
- * output is still one df_matmul_rows element: the same sum as df_matmul. */
-typedef struct {
-    const df_weight *w[3];
-    float *y[3];
-    const float *x;
-    int T;
-} qkv_ctx;
+/* ---- tensors ------------------------------------------------------------------------- */
 
-static void qkv_rows(void *vctx, int begin, int end) {
-    const qkv_ctx *c = vctx;
-    int base = 0;
-    for (int j = 0; j < 3; j++) {
-        const df_weight *w = c->w[j];
-        int r0 = begin - base > 0 ? begin - base : 0;
-        int r1 = end - base < w->rows ? end - base : w->rows;
-        if (r0 < r1)
-            df_matmul_rows(c->y[j], w->rows, c->x, w->cols, w->data, w->dtype, c->T, r0, r1, w->cols);
-        base += w->rows;
-    }
+static const df_expert_layout EXPERTS = {
+    3, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}, {{0, -1}, {1, -1}, {2, -1}}};
+
+static void expert_tensor(const df_config *c, int layer, int e, int part, char *name, size_t n) {
+    (void)c;
+    snprintf(name, n, "model.layers.%d.mlp.experts.%d.%s", layer, e, EXPERTS.part[part]);
 }
 
-static void attention(const df_model *m, df_pool *pool, df_kv *kv, df_fwd_buf *b, int li,
-                      int T, int pos0) {
+typedef struct layer {
+    float *attn_norm, *ffn_norm; /* [H], widened from the stored dtype */
+    float *q_norm, *k_norm;      /* [head_dim] */
+    df_weight q, k, v, o;
+    float *q_bias, *k_bias, *v_bias, *o_bias; /* attention_bias only */
+    bool is_moe;
+    df_weight gate, up, down;    /* dense MLP */
+    df_weight router;            /* [E][H] */
+} layer;
+
+typedef struct fam {
+    layer *layers;
+    df_rope rope;
+} fam;
+
+static int load_attention(df_model *m, layer *L, int li, df_error *err) {
     const df_config *c = &m->cfg;
-    const df_layer *L = &m->layers[li];
-    int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
-    int nkv = c->num_key_value_heads, qd = nh * hd, kvd = nkv * hd;
+    char n[256];
+    int rc, H = c->hidden_size, hd = c->head_dim;
+    int qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
+#define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+    if ((rc = df_model_vector(m, &L->attn_norm, NAME("model.layers.%d.input_layernorm.weight", li), H, err)) ||
+        (rc = df_model_vector(m, &L->ffn_norm, NAME("model.layers.%d.post_attention_layernorm.weight", li), H,
+                              err)) ||
+        (rc = df_model_vector(m, &L->q_norm, NAME("model.layers.%d.self_attn.q_norm.weight", li), hd, err)) ||
+        (rc = df_model_vector(m, &L->k_norm, NAME("model.layers.%d.self_attn.k_norm.weight", li), hd, err)) ||
+        (rc = df_model_matrix(m, &L->q, NAME("model.layers.%d.self_attn.q_proj.weight", li), qd, H, true, err)) ||
+        (rc = df_model_matrix(m, &L->k, NAME("model.layers.%d.self_attn.k_proj.weight", li), kvd, H, true, err)) ||
+        (rc = df_model_matrix(m, &L->v, NAME("model.layers.%d.self_attn.v_proj.weight", li), kvd, H, true, err)) ||
+        (rc = df_model_matrix(m, &L->o, NAME("model.layers.%d.self_attn.o_proj.weight", li), H, qd, true, err)))
+        return rc;
+    if (!c->attention_bias) return DF_OK;
+    if ((rc = df_model_vector(m, &L->q_bias, NAME("model.layers.%d.self_attn.q_proj.bias", li), qd, err)) ||
+        (rc = df_model_vector(m, &L->k_bias, NAME("model.layers.%d.self_attn.k_proj.bias", li), kvd, err)) ||
+        (rc = df_model_vector(m, &L->v_bias, NAME("model.layers.%d.self_attn.v_proj.bias", li), kvd, err)))
+        return rc;
+    /* Qwen3's o_proj takes the same flag in transformers */
+    return df_model_vector(m, &L->o_bias, NAME("model.layers.%d.self_attn.o_proj.bias", li), H, err);
+}
 
-    for (int t = 0; t < T; t++)
-        rmsnorm(b->xb + (size_t)t * H, b->x + (size_t)t * H, L->attn_norm, H, (float)c->rms_norm_eps);
-    qkv_ctx qc = {{&L->q, &L->k, &L->v}, {b->q, b->k, b->v}, b->xb, T};
-    df_pool_for(pool, qd + 2 * kvd, 16, qkv_rows, &qc);
-    add_bias(b->q, qd, L->q_bias, T, qd);
-    add_bias(b->k, kvd, L->k_bias, T, kvd);
-    add_bias(b->v, kvd, L->v_bias, T, kvd);
+static int load_ffn(df_model *m, layer *L, int li, df_error *err) {
+    const df_config *c = &m->cfg;
+    char n[256];
+    int rc, H = c->hidden_size;
+    L->is_moe = c->layer_is_moe[li];
+    if (L->is_moe)
+        return df_model_matrix(m, &L->router, NAME("model.layers.%d.mlp.gate.weight", li), c->num_experts, H,
+                               true, err);
+    int I = c->intermediate_size;
+    if ((rc = df_model_matrix(m, &L->gate, NAME("model.layers.%d.mlp.gate_proj.weight", li), I, H, true, err)) ||
+        (rc = df_model_matrix(m, &L->up, NAME("model.layers.%d.mlp.up_proj.weight", li), I, H, true, err)) ||
+        (rc = df_model_matrix(m, &L->down, NAME("model.layers.%d.mlp.down_proj.weight", li), H, I, true, err)))
+        return rc;
+    return DF_OK;
+#undef NAME
+}
+
+static void unload(df_model *m) {
+    fam *f = m->fam;
+    if (!f) return;
+    for (int li = 0; f->layers && li < m->cfg.num_hidden_layers; li++) {
+        layer *L = &f->layers[li];
+        free(L->attn_norm), free(L->ffn_norm), free(L->q_norm), free(L->k_norm);
+        free(L->q_bias), free(L->k_bias), free(L->v_bias), free(L->o_bias);
+    }
+    free(f->layers);
+    df_rope_free(&f->rope);
+    free(f);
+    m->fam = NULL;
+}
+
+static int load(df_model *m, df_error *err) {
+    const df_config *c = &m->cfg;
+    fam *f = df_xcalloc(1, sizeof *f);
+    m->fam = f;
+    f->layers = df_xcalloc((size_t)c->num_hidden_layers, sizeof(layer));
+    int rc = DF_OK;
+    for (int li = 0; li < c->num_hidden_layers && !rc; li++)
+        if (!(rc = load_attention(m, &f->layers[li], li, err))) rc = load_ffn(m, &f->layers[li], li, err);
+    if (!rc && c->num_experts > 0) {
+        int I = c->moe_intermediate_size, H = c->hidden_size;
+        int rows[3] = {I, I, H}, cols[3] = {H, H, I};
+        rc = df_model_check_experts(m, rows, cols, err);
+    }
+    if (!rc) rc = df_rope_init(&f->rope, c, c->head_dim, err);
+    if (rc) unload(m);
+    return rc;
+}
+
+/* ---- state and work buffers ------------------------------------------------------------ */
+
+static int kv_dim(const df_config *c) { return c->num_key_value_heads * c->head_dim; }
+
+static uint64_t seq_bytes(const df_model *m, int max_ctx) {
+    return (uint64_t)m->cfg.num_hidden_layers * df_kv_state_bytes(max_ctx, kv_dim(&m->cfg));
+}
+
+static int seq_new(const df_model *m, int max_ctx, df_seq **out, df_error *err) {
+    df_seq *s = df_seq_new(m->cfg.num_hidden_layers, max_ctx);
+    for (int li = 0; li < m->cfg.num_hidden_layers; li++) {
+        df_lstate *kv;
+        int rc = df_kv_state_new(&kv, max_ctx, kv_dim(&m->cfg), err);
+        if (rc) {
+            df_seq_free(s);
+            return df_fail(err, rc, "KV cache of %d positions (%.1f MiB) does not fit in memory", max_ctx,
+                           (double)seq_bytes(m, max_ctx) / 1048576.0);
+        }
+        df_seq_set(s, li, kv);
+    }
+    *out = s;
+    return DF_OK;
+}
+
+typedef struct work {
+    int rows;
+    float *x, *xb, *y;   /* [R][H] residual stream, normed input, a sublayer's output */
+    float *q, *att;      /* [R][qd] */
+    float *k, *v;        /* [R][kvd] */
+    float *kvrow;        /* [2 kvd] one row's key and value, as the cache takes it */
+    float *hg, *hu;      /* [R][intermediate] dense MLP */
+    df_moe_work *moe;    /* NULL for a dense model */
+} work;
+
+typedef struct dims { size_t R, H, qd, kvd, I; } dims;
+
+static dims dims_of(const df_model *m, int rows) {
+    const df_config *c = &m->cfg;
+    return (dims){(size_t)rows, (size_t)c->hidden_size, (size_t)c->num_attention_heads * (size_t)c->head_dim,
+                  (size_t)kv_dim(c), (size_t)c->intermediate_size};
+}
+
+static void *work_new(const df_model *m, int rows, int max_ctx) {
+    (void)max_ctx;
+    const df_config *c = &m->cfg;
+    dims d = dims_of(m, rows);
+    work *w = df_xcalloc(1, sizeof *w);
+    w->rows = rows;
+    w->x = df_aligned_alloc(sizeof(float) * d.R * d.H);
+    w->xb = df_aligned_alloc(sizeof(float) * d.R * d.H);
+    w->y = df_aligned_alloc(sizeof(float) * d.R * d.H);
+    w->q = df_aligned_alloc(sizeof(float) * d.R * d.qd);
+    w->att = df_aligned_alloc(sizeof(float) * d.R * d.qd);
+    w->k = df_aligned_alloc(sizeof(float) * d.R * d.kvd);
+    w->v = df_aligned_alloc(sizeof(float) * d.R * d.kvd);
+    w->kvrow = df_aligned_alloc(sizeof(float) * 2 * d.kvd);
+    w->hg = df_aligned_alloc(sizeof(float) * d.R * d.I);
+    w->hu = df_aligned_alloc(sizeof(float) * d.R * d.I);
+    if (c->num_experts > 0)
+        w->moe = df_moe_work_new(rows, c->hidden_size, c->num_experts, c->num_experts_per_tok,
+                                 c->moe_intermediate_size);
+    return w;
+}
+
+static void work_free(void *p) {
+    work *w = p;
+    if (!w) return;
+    free(w->x), free(w->xb), free(w->y), free(w->q), free(w->att), free(w->k), free(w->v), free(w->kvrow);
+    free(w->hg), free(w->hu);
+    df_moe_work_free(w->moe);
+    free(w);
+}
+
+static uint64_t work_bytes(const df_model *m, int rows, int max_ctx) {
+    const df_config *c = &m->cfg;
+    dims d = dims_of(m, rows);
+    uint64_t b = sizeof(float) * (d.R * (3 * d.H + 2 * d.qd + 2 * d.kvd + 2 * d.I) + 2 * d.kvd);
+    if (c->num_experts > 0)
+        b += df_moe_work_bytes(rows, c->hidden_size, c->num_experts, c->num_experts_per_tok,
+                               c->moe_intermediate_size);
+    return b + sizeof(float) * 64 * (uint64_t)max_ctx; /* attention's per-thread score rows */
+}
+
+/* ---- the forward pass -------------------------------------------------------------------- */
+
+static void attention(df_fwd *f, const df_batch *b, int li) {
+    const df_config *c = &f->m->cfg;
+    const fam *fm = f->m->fam;
+    const layer *L = &fm->layers[li];
+    work *w = f->work;
+    int T = b->n, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
+    int nkv = c->num_key_value_heads, qd = nh * hd, kvd = nkv * hd;
+    float eps = (float)c->rms_norm_eps;
+
+    df_rmsnorm_rows(w->xb, w->x, L->attn_norm, T, H, eps);
+    const df_weight *qkv[3] = {&L->q, &L->k, &L->v};
+    float *out[3] = {w->q, w->k, w->v};
+    df_linear_multi(f->pool, 3, qkv, out, w->xb, T);
+    df_add_bias(w->q, qd, L->q_bias, T, qd);
+    df_add_bias(w->k, kvd, L->k_bias, T, kvd);
+    df_add_bias(w->v, kvd, L->v_bias, T, kvd);
 
     int half = hd / 2;
     float cosv[half > 0 ? half : 1], sinv[half > 0 ? half : 1];
     for (int t = 0; t < T; t++) {
-        /* HF: angle = float(pos) * inv_freq in float32, cos/sin scaled by the
-         * rope attention factor (YaRN). */
-        float p = (float)(pos0 + t);
-        for (int i = 0; i < half; i++) {
-            float ang = p * m->inv_freq[i];
-            cosv[i] = (float)cos((double)ang) * m->rope_attn_factor;
-            sinv[i] = (float)sin((double)ang) * m->rope_attn_factor;
-        }
+        df_rope_angles(&fm->rope, b->pos[t], cosv, sinv);
         for (int h = 0; h < nh; h++) {
-            float *q = b->q + (size_t)t * qd + (size_t)h * hd;
-            rmsnorm(q, q, L->q_norm, hd, (float)c->rms_norm_eps);
-            rope(q, hd, cosv, sinv);
+            float *q = w->q + (size_t)t * qd + (size_t)h * hd;
+            df_rmsnorm(q, q, L->q_norm, hd, eps);
+            df_rope_neox(q, hd, cosv, sinv);
         }
         for (int h = 0; h < nkv; h++) {
-            float *k = b->k + (size_t)t * kvd + (size_t)h * hd;
-            rmsnorm(k, k, L->k_norm, hd, (float)c->rms_norm_eps);
-            rope(k, hd, cosv, sinv);
+            float *k = w->k + (size_t)t * kvd + (size_t)h * hd;
+            df_rmsnorm(k, k, L->k_norm, hd, eps);
+            df_rope_neox(k, hd, cosv, sinv);
         }
-        size_t at = ((size_t)li * (size_t)kv->max_ctx + (size_t)(pos0 + t)) * (size_t)kvd;
-        memcpy(kv->k + at, b->k + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
-        memcpy(kv->v + at, b->v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+        memcpy(w->kvrow, w->k + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+        memcpy(w->kvrow + kvd, w->v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+        df_lstate *st = b->seq[t]->layer[li];
+        st->ops->append(st, b->pos[t], w->kvrow);
     }
-
-    attn_ctx a = {m, kv, b, li, pos0};
-    df_pool_for(pool, T * nh, 1, attn_items, &a);
-
-    matmul(pool, b->xb, b->att, &L->o, T);
-    add_bias(b->xb, H, L->o_bias, T, H);
-    for (size_t i = 0; i < (size_t)T * H; i++) b->x[i] += b->xb[i];
-}
-
-/* ---- feed-forward ----------------------------------------------------------------- */
-
-/* SiLU-gated MLP over n rows of xin, result into yout. */
-typedef struct {
-    const df_weight *gate, *up;
-    const float *x;
-    float *hg, *hu;
-    int n;
-} gate_up_ctx;
-
-/* Gate and up rows [r0, r1) and their SiLU product, in one dispatch: a
- * thread's slice of both matrices streams back to back, and the pool is
- * crossed once instead of twice (this runs for every expert of every token). */
-static void gate_up_rows(void *vctx, int r0, int r1) {
-    const gate_up_ctx *c = vctx;
-    int I = c->gate->rows, H = c->gate->cols;
-    df_matmul_rows(c->hg, I, c->x, H, c->gate->data, c->gate->dtype, c->n, r0, r1, H);
-    df_matmul_rows(c->hu, I, c->x, H, c->up->data, c->up->dtype, c->n, r0, r1, H);
-    for (int t = 0; t < c->n; t++)
-        for (int r = r0; r < r1; r++) {
-            size_t i = (size_t)t * I + r;
-            c->hg[i] = silu(c->hg[i]) * c->hu[i];
-        }
-}
-
-static void mlp(df_pool *pool, df_fwd_buf *b, const df_weight *gate, const df_weight *up,
-                const df_weight *down, const float *xin, float *yout, int n) {
-    gate_up_ctx c = {gate, up, xin, b->hg, b->hu, n};
-    df_pool_for(pool, gate->rows, 16, gate_up_rows, &c);
-    matmul(pool, yout, b->hg, down, n);
-}
-
-/* Softmax over all experts (float), top-k by probability (ties: lower id),
- * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block.
- * forced (routing replay): these ids instead of the top-k, each weighted by the
- * router's own probability for it, renormalised the same way, so the weights
- * stay the router's and only the choice is replaced. */
-static void route(const df_config *c, const float *logits, int *sel, float *w,
-                  const int *forced) {
-    int E = c->num_experts, K = c->num_experts_per_tok;
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++)
-        if (logits[e] > mx) mx = logits[e];
-    float prob[E], sum = 0.0f;
-    for (int e = 0; e < E; e++) {
-        prob[e] = expf(logits[e] - mx);
-        sum += prob[e];
-    }
-    for (int e = 0; e < E; e++) prob[e] /= sum;
-    for (int k = 0; k < K; k++) {
-        if (forced) {
-            sel[k] = forced[k];
-            w[k] = prob[forced[k]];
-            continue;
-        }
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int j = 0; j < k; j++) taken |= sel[j] == e;
-            if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
-        }
-        sel[k] = best;
-        w[k] = prob[best];
-    }
-    if (c->norm_topk_prob) {
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) s += w[k];
-        for (int k = 0; k < K; k++) w[k] /= s;
-    }
-}
-
-/* Rows of the batch routed to expert e go through it as one batch. */
-static void run_expert(df_pool *pool, df_fwd_buf *b, const df_expert *x, int e, int T, int K,
-                       int H) {
-    int n = 0;
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++)
-            if (b->sel[t * K + k] == e) {
-                memcpy(b->xg + (size_t)n * H, b->xb + (size_t)t * H, sizeof(float) * (size_t)H);
-                b->grow[n++] = t * K + k;
-            }
-    mlp(pool, b, &x->gate, &x->up, &x->down, b->xg, b->yg, n);
-    for (int r = 0; r < n; r++)
-        memcpy(b->yslot + (size_t)b->grow[r] * H, b->yg + (size_t)r * H, sizeof(float) * (size_t)H);
-}
-
-/* One row with resident experts (decode): the K experts' gate/up products
- * run as one parallel job over their stacked rows and their down products as
- * another, instead of two jobs per expert (2 crossings of the pool
- * per layer instead of 2K). In a decode profile the pool's spin-wait for the
- * slower thread was 6-7% of the time; a whole-layer job is split evenly
- * between threads once, not once per 3 MB matrix. Expert k's input is the
- * row itself and its output goes straight to slot k; every output element is
- * the same df_matmul_rows sum as in run_expert, so results do not change.
- * A top-k slot is computed even if an id repeats (routing replay): same
- * result, the slot order is kept. */
-typedef struct {
-    const df_layer *L;
-    const int *sel; /* [K] */
-    const float *x; /* [H] */
-    float *hg, *hu; /* [K][I] */
-    float *y;       /* [K][H] */
-    int I, H;
-} one_row_ctx;
-
-static void one_row_gate_up(void *vctx, int begin, int end) {
-    const one_row_ctx *c = vctx;
-    int I = c->I, H = c->H;
-    for (int i = begin; i < end;) {
-        int k = i / I, r0 = i % I, r1 = r0 + (end - i) < I ? r0 + (end - i) : I;
-        const df_expert *x = &c->L->experts[c->sel[k]];
-        float *hg = c->hg + (size_t)k * I, *hu = c->hu + (size_t)k * I;
-        df_matmul_rows(hg, I, c->x, H, x->gate.data, x->gate.dtype, 1, r0, r1, H);
-        df_matmul_rows(hu, I, c->x, H, x->up.data, x->up.dtype, 1, r0, r1, H);
-        for (int r = r0; r < r1; r++) hg[r] = silu(hg[r]) * hu[r];
-        i += r1 - r0;
-    }
-}
-
-static void one_row_down(void *vctx, int begin, int end) {
-    const one_row_ctx *c = vctx;
-    int I = c->I, H = c->H;
-    for (int i = begin; i < end;) {
-        int k = i / H, r0 = i % H, r1 = r0 + (end - i) < H ? r0 + (end - i) : H;
-        const df_weight *d = &c->L->experts[c->sel[k]].down;
-        df_matmul_rows(c->y + (size_t)k * H, H, c->hg + (size_t)k * I, I, d->data, d->dtype, 1,
-                       r0, r1, I);
-        i += r1 - r0;
-    }
-}
-
-static void moe_one_row(const df_layer *L, df_pool *pool, df_fwd_buf *b, int K, int H) {
-    one_row_ctx c = {L, b->sel, b->xb, b->hg, b->hu, b->yslot, L->experts[0].gate.rows, H};
-    df_pool_for(pool, K * c.I, 16, one_row_gate_up, &c);
-    df_pool_for(pool, K * H, 16, one_row_down, &c);
-}
-
-/* ---- router lookahead ------------------------------------------------------------ */
-
-/* The model layer of the n-th MoE layer after model layer `li` (n >= 1), or -1. */
-static int moe_after(const df_model *m, int li, int n) {
-    for (int l = li + 1; l < m->cfg.num_hidden_layers; l++)
-        if (m->layers[l].is_moe && --n == 0) return l;
-    return -1;
+    df_gqa_attend(f->pool, b, li, w->q, w->att, nh, nkv, hd);
+    df_linear(f->pool, w->xb, w->att, &L->o, T);
+    df_add_bias(w->xb, H, L->o_bias, T, H);
+    df_add(w->x, w->xb, (size_t)T * H);
 }
 
 /* Predicts MoE layer `target`'s experts by running its post-attention norm and
- * router on the residual stream as it is now, and lets the store read them
- * ahead. Only the store's reads depend on this: the layer's own routing is
- * computed afresh when it comes, so results do not change. */
-static void lookahead(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int target,
-                      int T) {
+ * router on the residual stream as it is now, and hands them to the expert
+ * source to read ahead. Only the source's reads depend on this: the layer's
+ * own routing is computed afresh when it comes, so results do not change. */
+static void predict(df_fwd *f, int target, int T) {
     if (target < 0) return;
-    const df_config *c = &m->cfg;
-    const df_layer *L = &m->layers[target];
+    const df_config *c = &f->m->cfg;
+    const layer *L = &((const fam *)f->m->fam)->layers[target];
+    df_moe_work *mw = ((work *)f->work)->moe;
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    df_rmsnorm_rows(mw->pxb, ((work *)f->work)->x, L->ffn_norm, T, H, (float)c->rms_norm_eps);
+    df_linear(f->pool, mw->prouter, mw->pxb, &L->router, T);
     for (int t = 0; t < T; t++)
-        rmsnorm(b->pxb + (size_t)t * H, b->x + (size_t)t * H, L->ffn_norm, H, (float)c->rms_norm_eps);
-    matmul(pool, b->prouter, b->pxb, &L->router, T);
-    for (int t = 0; t < T; t++)
-        route(c, b->prouter + (size_t)t * E, b->psel + (size_t)t * K, b->pselw + (size_t)t * K, NULL);
-    df_store_predict(store, target, b->psel, T * K);
+        df_route_softmax_topk(mw->prouter + (size_t)t * E, E, K, c->norm_topk_prob, mw->psel + (size_t)t * K,
+                              mw->pselw + (size_t)t * K, NULL);
+    f->experts->ops->predict(f->experts, target, mw->psel, T * K);
 }
 
-/* The distinct experts among n routing choices, ascending: each is computed
- * once for all the rows that chose it. Returns how many. */
-static int distinct_experts(const int *sel, int n, int E, int *need) {
-    bool used[E];
-    memset(used, 0, sizeof used);
-    for (int i = 0; i < n; i++) used[sel[i]] = true;
-    int n_need = 0;
-    for (int e = 0; e < E; e++)
-        if (used[e]) need[n_need++] = e;
-    return n_need;
+static int lookahead_depth(df_fwd *f) {
+    return f->experts->ops->lookahead_depth ? f->experts->ops->lookahead_depth(f->experts) : 0;
 }
 
-static int moe(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int li, int T,
-               df_error *err) {
-    const df_config *c = &m->cfg;
-    const df_layer *L = &m->layers[li];
-    int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
-    matmul(pool, b->router, b->xb, &L->router, T);
+/* Once layer li's reads are queued: the MoE layer `depth` on goes next. */
+static void lookahead(df_fwd *f, int li, int T, void *user) {
+    (void)user;
+    int depth = lookahead_depth(f);
+    if (depth) predict(f, df_moe_after(&f->m->cfg, li, depth), T);
+}
+
+static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
+    const df_config *c = &f->m->cfg;
+    work *w = f->work;
+    df_moe_work *mw = w->moe;
+    int E = c->num_experts, K = c->num_experts_per_tok;
+    df_linear(f->pool, mw->prouter, w->xb, &L->router, T);
     for (int t = 0; t < T; t++) {
         int forced[K];
-        if (b->route_fn) b->route_fn(b->route_user, li, t, forced);
-        route(c, b->router + (size_t)t * E, b->sel + (size_t)t * K, b->selw + (size_t)t * K,
-              b->route_fn ? forced : NULL);
+        if (f->route) f->route(f->route_user, li, t, forced);
+        df_route_softmax_topk(mw->prouter + (size_t)t * E, E, K, c->norm_topk_prob, mw->sel + (size_t)t * K,
+                              mw->selw + (size_t)t * K, f->route ? forced : NULL);
     }
+    return df_moe_experts(f, mw, li, w->xb, w->y, T, K, lookahead, NULL, err);
+}
 
-    if (!store && T == 1) {
-        moe_one_row(L, pool, b, K, H); /* by top-k slot: no list of distinct experts */
-    } else if (!store) {
-        int need[E], n_need = distinct_experts(b->sel, T * K, E, need);
-        for (int i = 0; i < n_need; i++) run_expert(pool, b, &L->experts[need[i]], need[i], T, K, H);
-    } else {
-        int need[E], n_need = distinct_experts(b->sel, T * K, E, need);
-        /* All reads are requested at once; experts come back resident-first. */
-        int rc = df_store_begin_layer(store, li, need, n_need, err);
+static int feed_forward(df_fwd *f, int li, int T, df_error *err) {
+    const df_config *c = &f->m->cfg;
+    const layer *L = &((const fam *)f->m->fam)->layers[li];
+    work *w = f->work;
+    int H = c->hidden_size;
+    df_rmsnorm_rows(w->xb, w->x, L->ffn_norm, T, H, (float)c->rms_norm_eps);
+    if (L->is_moe) {
+        int rc = moe(f, L, li, T, err);
         if (rc) return rc;
-        /* this layer's reads are queued; the one `depth` MoE layers on goes next */
-        int depth = df_store_lookahead_depth(store);
-        if (depth) lookahead(m, store, pool, b, moe_after(m, li, depth), T);
-        for (;;) {
-            int e;
-            df_expert w;
-            if ((rc = df_store_next(store, &e, &w, err))) {
-                df_store_end_layer(store);
-                return rc;
-            }
-            if (e < 0) break;
-            run_expert(pool, b, &w, e, T, K, H);
-        }
-        df_store_end_layer(store);
+    } else {
+        df_swiglu(f->pool, &L->gate.v, &L->up.v, &L->down.v, w->xb, w->y, w->hg, w->hu, T);
     }
-    /* Combine per row in top-k slot order: independent of the order above. */
-    for (int t = 0; t < T; t++) {
-        float *xo = b->x + (size_t)t * H;
-        float *acc = b->xb + (size_t)t * H;
-        for (int k = 0; k < K; k++) {
-            const float *y = b->yslot + ((size_t)t * K + k) * H;
-            float w = b->selw[t * K + k];
-            if (k == 0)
-                for (int i = 0; i < H; i++) acc[i] = w * y[i];
-            else
-                for (int i = 0; i < H; i++) acc[i] += w * y[i];
-        }
-        for (int i = 0; i < H; i++) xo[i] += acc[i];
-    }
+    df_add(w->x, w->y, (size_t)T * H);
     return DF_OK;
 }
 
-static int feed_forward(const df_model *m, df_store *store, df_pool *pool, df_fwd_buf *b, int li,
-                        int T, df_error *err) {
+static int forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_error *err) {
+    const df_model *m = f->m;
     const df_config *c = &m->cfg;
-    const df_layer *L = &m->layers[li];
-    int H = c->hidden_size;
-    for (int t = 0; t < T; t++)
-        rmsnorm(b->xb + (size_t)t * H, b->x + (size_t)t * H, L->ffn_norm, H, (float)c->rms_norm_eps);
-    if (L->is_moe) return moe(m, store, pool, b, li, T, err);
-    mlp(pool, b, &L->gate, &L->up, &L->down, b->xb, b->yg, T);
-    for (size_t i = 0; i < (size_t)T * H; i++) b->x[i] += b->yg[i];
-    return DF_OK;
-}
-
-/* ---- the whole pass ------------------------------------------------------------- */
-
-int df_qwen3_forward(const df_model *m, df_store *store, df_pool *pool, df_kv *kv,
-                     df_fwd_buf *b, const int32_t *tokens, int T, int pos0, float *logits,
-                     bool all_rows, df_layer_cb on_layer, void *user, df_error *err) {
-    const df_config *c = &m->cfg;
-    int H = c->hidden_size;
-    for (int t = 0; t < T; t++) embed_row(m, tokens[t], b->x + (size_t)t * H);
+    work *w = f->work;
+    int T = b->n, H = c->hidden_size;
+    df_embed_rows(&m->embed, b->tokens, T, w->x);
     /* The first MoE layers have no earlier one to predict them from: their
      * routers run on the embeddings. */
-    int depth = store ? df_store_lookahead_depth(store) : 0;
-    for (int n = 1; n <= depth; n++) lookahead(m, store, pool, b, moe_after(m, -1, n), T);
+    int depth = c->num_experts > 0 ? lookahead_depth(f) : 0;
+    for (int n = 1; n <= depth; n++) predict(f, df_moe_after(c, -1, n), T);
     for (int li = 0; li < c->num_hidden_layers; li++) {
-        attention(m, pool, kv, b, li, T, pos0);
-        int rc = feed_forward(m, store, pool, b, li, T, err);
+        attention(f, b, li);
+        int rc = feed_forward(f, li, T, err);
         if (rc) return rc;
-        if (on_layer) on_layer(user, li + 1, c->num_hidden_layers, T);
+        if (f->on_layer) f->on_layer(f->layer_user, li + 1, c->num_hidden_layers, T);
     }
-    if (store) df_store_end_step(store, T);
+    if (c->num_experts > 0) f->experts->ops->end_step(f->experts, T);
     if (!logits) return DF_OK;
-    int first = all_rows ? 0 : T - 1, n = T - first;
-    for (int t = first; t < T; t++)
-        rmsnorm(b->xb + (size_t)(t - first) * H, b->x + (size_t)t * H, m->final_norm, H,
-                (float)c->rms_norm_eps);
-    matmul(pool, logits, b->xb, &m->lm_head, n);
+    int first = all_rows ? 0 : T - 1;
+    df_rmsnorm_rows(w->xb, w->x + (size_t)first * H, m->final_norm, T - first, H, (float)c->rms_norm_eps);
+    df_linear(f->pool, logits, w->xb, &m->lm_head, T - first);
     return DF_OK;
 }
+
+/* ---- inspect ---------------------------------------------------------------------------- */
+
+static void inspect(const df_model *m, FILE *f) {
+    const df_config *c = &m->cfg;
+    fprintf(f, "attention heads       %d (kv %d, head_dim %d)\n", c->num_attention_heads, c->num_key_value_heads,
+            c->head_dim);
+    fprintf(f, "intermediate_size     %d\n", c->intermediate_size);
+    fprintf(f, "max_position          %d\n", c->max_position_embeddings);
+    static const char *const rope[] = {"default", "linear", "dynamic", "yarn"};
+    fprintf(f, "rope                  theta %g, scaling %s", c->rope_theta, rope[c->rope_type]);
+    if (c->rope_type != DF_ROPE_DEFAULT) fprintf(f, " (factor %g)", c->rope_factor);
+    fprintf(f, "\nrms_norm_eps          %g\n", c->rms_norm_eps);
+    fprintf(f, "tied embeddings       %s\n", c->tie_word_embeddings ? "yes" : "no");
+    if (strcmp(c->model_type, "qwen3_moe") != 0) return;
+    fprintf(f, "experts               %d, top-%d, moe_intermediate %d, norm_topk_prob %s\n", c->num_experts,
+            c->num_experts_per_tok, c->moe_intermediate_size, c->norm_topk_prob ? "yes" : "no");
+    fprintf(f, "MoE layers            %d of %d (decoder_sparse_step %d)\n", df_config_moe_layers(c),
+            c->num_hidden_layers, c->decoder_sparse_step);
+}
+
+/* ---- the table entries ------------------------------------------------------------------------ */
+
+static const char *const STOP[] = {"<|im_end|>", NULL};
+
+const df_arch df_arch_qwen3 = {
+    .model_type = "qwen3", .parse_config = parse_config, .expert_layout = NULL, .expert_tensor = NULL,
+    .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes, .work_new = work_new,
+    .work_free = work_free, .work_bytes = work_bytes, .forward = forward, .stop_tokens = STOP,
+    .chat = df_chat_render_chatml_spans, .inspect = inspect};
+
+const df_arch df_arch_qwen3_moe = {
+    .model_type = "qwen3_moe", .parse_config = parse_config, .expert_layout = &EXPERTS,
+    .expert_tensor = expert_tensor, .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes,
+    .work_new = work_new, .work_free = work_free, .work_bytes = work_bytes, .forward = forward,
+    .stop_tokens = STOP, .chat = df_chat_render_chatml_spans, .inspect = inspect};

@@ -16,6 +16,7 @@
 #include "server/server.h"
 
 #include "deltafin.h"
+#include "engine/dev.h" /* FIXME(front ends): dev controls move to bench */
 #include "cli/args.h"
 #include "server/listener.h"
 #include "server/request.h"
@@ -285,11 +286,7 @@ static bool reserve(char **buf, size_t *cap, size_t len, size_t add) {
 
 typedef struct worker {
     df_session *sess;
-    int32_t *cached; /* the tokens whose keys/values the session holds */
-    int n_cached;
-    float *logits;
     int32_t *counts; /* scratch: per-token count among generated tokens (penalties) */
-    int32_t *gen;    /* generated ids this request */
     char *text;      /* generated text this request */
     size_t text_len, text_cap;
 } worker;
@@ -501,7 +498,7 @@ typedef struct gen_state {
 static bool take_token(worker *w, job *j, gen_state *g, int32_t t) {
     const srv_request *r = &j->req;
     char buf[4096];
-    w->gen[g->produced++] = t;
+    g->produced++;
     if (df_is_stop_token(S.eng, t)) {
         g->finish = "stop";
         return false;
@@ -529,6 +526,20 @@ static bool take_token(worker *w, job *j, gen_state *g, int32_t t) {
     g->emitted = safe;
     return true;
 }
+
+/* df_generate's callbacks for one request. */
+typedef struct job_ctx {
+    worker *w;
+    job *j;
+    gen_state *g;
+} job_ctx;
+
+static int job_token(void *u, int32_t t) {
+    job_ctx *c = u;
+    return !take_token(c->w, c->j, c->g, t);
+}
+
+static int job_gen_cancelled(void *u) { return job_cancelled(((job_ctx *)u)->j); }
 
 static void run_job(worker *w, job *j) {
     const srv_request *r = &j->req;
@@ -578,87 +589,27 @@ static void run_job(worker *w, job *j) {
     pthread_mutex_unlock(&S.mu);
     if (r->stream && r->kind == SRV_CHAT) push_chunk(j, "", 0, NULL, true);
 
-    /* Prompt-prefix reuse: keep the cached rows the new prompt shares, but
-     * always evaluate at least its last token (its logits are needed: with
-     * --draft too, the first token is drawn from them as without). */
-    size_t L = 0;
-    while (L < n && L < (size_t)w->n_cached && w->cached[L] == ids[L]) L++;
-    if (L == n) L = n - 1;
-    size_t n_pre = n;
+    /* Prompt-prefix reuse: df_generate keeps the rows the session holds that
+     * the new prompt starts with (always evaluating at least its last token:
+     * with --draft too, the first token is drawn from its logits). */
     gen_state g = {.finish = "length"};
-    int V = S.info->vocab_size;
     w->text_len = 0;
-    if (df_session_truncate(w->sess, (int)L, &err)) {
+    penalty_ctx pc = {r, w->counts, (int)n};
+    job_ctx jc = {w, j, &g};
+    df_generate_opts go = {.sampler = smp, .spec = S.spec, .max_new = max_new, .prefill_chunk = PREFILL_CHUNK,
+                           .reuse_prefix = 1, .on_token = job_token, .cancelled = job_gen_cancelled, .user = &jc};
+    if (r->presence_penalty != 0 || r->frequency_penalty != 0) go.logits_hook = penalty_hook, go.hook_user = &pc;
+    df_generate_result gr;
+    if (df_generate(w->sess, ids, (int)n, &go, &gr, &err)) {
         g.failed = true;
-        w->n_cached = 0;
-        df_session_truncate(w->sess, 0, &err);
         job_fail(j, 500, NULL, "%s", err.msg);
     }
-    if (!g.failed) w->n_cached = (int)L;
-    for (size_t i = L; !g.failed && i < n_pre; i += PREFILL_CHUNK) {
-        if (job_cancelled(j)) break;
-        int k = (int)(n_pre - i < PREFILL_CHUNK ? n_pre - i : PREFILL_CHUNK);
-        if (df_session_eval(w->sess, ids + i, k, w->logits, 0, &err)) {
-            g.failed = true;
-            job_fail(j, 500, NULL, "%s", err.msg);
-            break;
-        }
-        memcpy(w->cached + w->n_cached, ids + i, (size_t)k * sizeof *ids);
-        w->n_cached += k;
-    }
     pthread_mutex_lock(&S.mu);
-    S.reused_tokens += L;
+    S.reused_tokens += (uint64_t)gr.prompt_reused;
     S.prompt_tokens += n;
     pthread_mutex_unlock(&S.mu);
-
-    double t0 = now_s();
-    int evals = 0;
-    if (S.spec) {
-        /* w->cached holds the session's tokens and, one past them, the token
-         * the next step evaluates first: together the history. */
-        penalty_ctx pc = {r, w->counts, (int)n};
-        df_spec_set_logits_hook(S.spec, penalty_hook, &pc);
-        bool more = !g.failed && w->n_cached == (int)n && !job_cancelled(j) && max_new > 0;
-        if (more) { /* the first token from the prompt's logits, as the plain loop draws it */
-            int32_t t = df_sampler_sample(smp, w->logits, V, ids, 0);
-            if (t < 0 || t >= V) t = 0;
-            w->cached[w->n_cached] = t;
-            more = take_token(w, j, &g, t);
-        }
-        while (more && !g.failed && w->n_cached == (int)n - 1 + g.produced && !job_cancelled(j) &&
-               g.produced < max_new) {
-            int32_t got[17];
-            int ng;
-            if (df_spec_step(S.spec, w->sess, smp, w->cached, w->n_cached + 1, got, max_new - g.produced, &ng,
-                             &err)) {
-                g.failed = true;
-                job_fail(j, 500, NULL, "%s", err.msg);
-                break;
-            }
-            evals += ng;
-            memcpy(w->cached + w->n_cached + 1, got, (size_t)ng * sizeof *got);
-            w->n_cached += ng;
-            for (int i = 0; i < ng && more; i++) more = take_token(w, j, &g, got[i]);
-        }
-        df_spec_set_logits_hook(S.spec, NULL, NULL);
-    } else {
-        while (!g.failed && w->n_cached == (int)n + g.produced && !job_cancelled(j)) {
-            if (g.produced >= max_new) break;
-            apply_penalties(r, w->counts, w->logits, w->gen, g.produced);
-            int32_t t = df_sampler_sample(smp, w->logits, V, ids, 0);
-            if (t < 0 || t >= V) t = 0;
-            if (!take_token(w, j, &g, t)) break;
-            if (g.produced >= max_new) break;
-            if (df_session_eval(w->sess, &t, 1, w->logits, 0, &err)) {
-                g.failed = true;
-                job_fail(j, 500, NULL, "%s", err.msg);
-                break;
-            }
-            evals++;
-            w->cached[w->n_cached++] = t;
-        }
-    }
-    double dt = now_s() - t0;
+    int evals = gr.decoded;
+    double dt = gr.decode_s;
     bool failed = g.failed;
     int produced = g.produced;
     const char *finish = g.finish;
@@ -674,11 +625,6 @@ static void run_job(worker *w, job *j) {
         emit(w, j, g.emitted, w->text_len);
     }
     bool cancelled = job_cancelled(j);
-    if (failed) {
-        /* the session may hold rows we did not record: start clean next time */
-        df_session_truncate(w->sess, 0, &err);
-        w->n_cached = 0;
-    }
 
     df_stats st;
     df_engine_stats(S.eng, &st);
@@ -733,11 +679,8 @@ static void *worker_main(void *arg) {
         fprintf(stderr, "deltafin: %s\n", err.msg);
         exit(1);
     }
-    w.cached = malloc(sizeof(int32_t) * ((size_t)S.ctx + 1));
-    w.gen = malloc(sizeof(int32_t) * ((size_t)S.ctx + 1));
-    w.logits = malloc(sizeof(float) * (size_t)S.info->vocab_size);
     w.counts = calloc((size_t)S.info->vocab_size, sizeof(int32_t));
-    if (!w.cached || !w.gen || !w.logits || !w.counts) {
+    if (!w.counts) {
         fprintf(stderr, "deltafin: out of memory\n");
         exit(1);
     }
@@ -761,9 +704,6 @@ static void *worker_main(void *arg) {
     }
     pthread_mutex_unlock(&S.mu);
     df_session_free(w.sess);
-    free(w.cached);
-    free(w.gen);
-    free(w.logits);
     free(w.counts);
     free(w.text);
     return NULL;
@@ -1303,12 +1243,12 @@ int df_serve_main(int argc, char **argv) {
 
     df_engine_opts eo = {.model_dir = o->model, .n_threads = o->threads, .isa = o->isa, .experts = o->experts,
                          .ram_budget = o->ram_budget, .context = o->ctx, .expert_cache = o->expert_cache,
-                         .cache_policy = o->policy, .pin_bytes = o->pin, .prefetch = o->prefetch,
-                         .prefetch_depth = o->prefetch_depth};
+                         .cache_policy = o->policy, .pin_bytes = o->pin, .prefetch = o->prefetch};
+    df_engine_dev dev = {.prefetch_depth = o->prefetch_depth};
     df_error err;
     char what[600];
     if (cli_reserve_draft(&eo, o->draft, o->draft_k, what, sizeof what, &err)) return start_failed(&err);
-    if (df_engine_open(&S.eng, &eo, &err)) return start_failed(&err);
+    if (df_engine_open_dev(&S.eng, &eo, &dev, &err)) return start_failed(&err);
     S.info = df_engine_info(S.eng);
     if (o->ctx > S.info->max_context) { /* as `deltafin run` does: a context the model cannot use */
         fprintf(stderr, "deltafin: --ctx %d exceeds the model's context of %d tokens\n", o->ctx,
@@ -1318,9 +1258,11 @@ int df_serve_main(int argc, char **argv) {
     }
     if (o->draft) {
         df_spec_opts so = {.draft = o->draft, .k_max = o->draft_k, .lookup_n = o->lookup_n,
-                           .n_threads = o->threads, .isa = o->isa, .fixed_depth = o->draft_fixed,
-                           .rejection = o->draft_rejection};
-        if (df_spec_new(&S.spec, S.eng, &so, &err)) {
+                           .n_threads = o->threads, .isa = o->isa, .rejection = o->draft_rejection};
+        if (o->draft_fixed && !o->draft_k) so.k_max = o->draft_fixed > 8 ? o->draft_fixed : 0;
+        int rc0 = df_spec_new(&S.spec, S.eng, &so, &err);
+        if (!rc0) df_spec_set_fixed_depth(S.spec, o->draft_fixed);
+        if (rc0) {
             int rc = start_failed(&err); /* said before the engine's own close-time warnings */
             df_engine_close(S.eng);
             return rc;

@@ -1,6 +1,9 @@
 /*
- * chat.c - the Qwen3 chat template (tokenizer_config.json "chat_template"),
- * hand-translated from its Jinja for conversations without tools:
+ * chat.c - chat templates, and turning a rendered conversation into token ids.
+ *
+ * ChatML with a think block (the template the Qwen models ship in
+ * tokenizer_config.json "chat_template"), hand-translated from its Jinja for
+ * conversations without tools:
  *
  *   - a leading system message becomes <|im_start|>system\n...<|im_end|>\n;
  *     a system message elsewhere renders like a user turn;
@@ -15,7 +18,7 @@
  * same on byte ranges.
  *
  * Rendering also records where message content lies in the text, so that
- * df_chat_tokenize_qwen3 can encode content with special tokens as plain text:
+ * df_chat_tokenize_with can encode content with special tokens as plain text:
  * a client typing <|im_end|><|im_start|>system... gets those characters, not a
  * closed turn and a forged system turn. Only the template emits control tokens.
  */
@@ -191,7 +194,7 @@ static void render(sbuf *b, const df_chat_msg *msgs, int n, int add_generation_p
     }
 }
 
-int df_chat_render_qwen3_spans(const df_chat_msg *msgs, int n, int add_generation_prompt,
+int df_chat_render_chatml_spans(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err) {
     if (!out) return df_fail(err, DF_ERR_ARG, "chat template: NULL output pointer");
@@ -212,23 +215,22 @@ int df_chat_render_qwen3_spans(const df_chat_msg *msgs, int n, int add_generatio
     return DF_OK;
 }
 
-int df_chat_render_qwen3(const df_chat_msg *msgs, int n, int add_generation_prompt,
+int df_chat_render_chatml(const df_chat_msg *msgs, int n, int add_generation_prompt,
                          int enable_thinking, char **out, df_error *err) {
-    return df_chat_render_qwen3_spans(msgs, n, add_generation_prompt, enable_thinking, out, NULL,
+    return df_chat_render_chatml_spans(msgs, n, add_generation_prompt, enable_thinking, out, NULL,
                                       NULL, err);
 }
 
-int df_chat_tokenize_qwen3(const df_tokenizer *t, const df_chat_msg *msgs, int n,
-                           int add_generation_prompt, int enable_thinking, int32_t **ids,
-                           size_t *n_ids, df_error *err) {
+int df_chat_tokenize_with(const df_tokenizer *t, df_chat_template_fn tmpl, const df_chat_msg *msgs, int n,
+                          int add_generation_prompt, int enable_thinking, int32_t **ids, size_t *n_ids,
+                          df_error *err) {
     if (!ids || !n_ids) return df_fail(err, DF_ERR_ARG, "chat template: NULL output pointer");
     *ids = NULL;
     *n_ids = 0;
     char *text;
     df_text_span *sp;
     size_t nsp;
-    int rc = df_chat_render_qwen3_spans(msgs, n, add_generation_prompt, enable_thinking, &text,
-                                        &sp, &nsp, err);
+    int rc = tmpl(msgs, n, add_generation_prompt, enable_thinking, &text, &sp, &nsp, err);
     if (rc) return rc;
     rc = df_tokenizer_encode_spans(t, text, strlen(text), sp, nsp, ids, n_ids, err);
     free(text);

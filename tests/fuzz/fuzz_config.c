@@ -6,6 +6,7 @@
  * config to a fixed valid config.
  */
 #include "model/config.h"
+#include "model/generation.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,10 +66,20 @@ static void check(const df_config *c) {
         if (i < c->num_hidden_layers && !c->layer_is_moe[i]) any_dense = true;
     }
     if (any_dense && c->intermediate_size <= 0) abort();
-    if (c->num_experts > 0 && c->arch == DF_ARCH_QWEN3_MOE &&
+    if (c->num_experts > 0 && strcmp(c->model_type, "qwen3_moe") == 0 &&
         (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
          c->moe_intermediate_size <= 0))
         abort();
+}
+
+/* What a parsed generation_config.json may hold. */
+static void check_gen(const df_config *c, const df_generation *g) {
+    if (g->n_eos_token_ids < 0 || g->n_eos_token_ids > 8 || g->bos_token_id >= c->vocab_size ||
+        (g->temperature < 0 && g->temperature != -1) || (g->top_p != -1 && !(g->top_p > 0 && g->top_p <= 1)) ||
+        g->top_k < -1)
+        abort();
+    for (int i = 0; i < g->n_eos_token_ids; i++)
+        if (g->eos_token_ids[i] < 0 || g->eos_token_ids[i] >= c->vocab_size) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -80,12 +91,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc == DF_OK) {
         check(&c);
         df_error e2 = {0};
-        int rc2 = df_config_parse_generation(&c, json, size, "generation_config.json", &e2);
-        if (rc2 == DF_OK) check(&c);
+        df_generation g;
+        df_generation_init(&g, &c);
+        int rc2 = df_generation_parse(&g, &c, json, size, "generation_config.json", &e2);
+        if (rc2 == DF_OK) check_gen(&c, &g);
         int dense = 0;
         for (int i = 0; i < c.num_hidden_layers; i++) dense += !c.layer_is_moe[i];
         snprintf(line1, sizeof line1, "ok arch %c rope %c dense %c eos %c gen %c",
-                 'a' + (int)c.arch, 'a' + (int)c.rope_type,
+                 'a' + (strcmp(c.model_type, "qwen3_moe") == 0), 'a' + (int)c.rope_type,
                  dense == 0 ? 'n' : dense == c.num_hidden_layers ? 'a' : 's',
                  'a' + c.n_eos_token_ids, 'a' + rc2);
     } else {
@@ -95,9 +108,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     df_config b;
     if (df_config_parse(&b, BASE, sizeof BASE - 1, "base", &err) != DF_OK) abort();
-    rc = df_config_parse_generation(&b, json, size, "generation_config.json", &err);
+    df_generation gb;
+    df_generation_init(&gb, &b);
+    rc = df_generation_parse(&gb, &b, json, size, "generation_config.json", &err);
     if (rc == DF_OK) {
-        check(&b);
+        check_gen(&b, &gb);
         snprintf(line2, sizeof line2, "gen ok");
     } else {
         if (err.code != rc || strncmp(err.msg, "generation_config.json: ", 24) != 0) abort();

@@ -82,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t nsp = 0;
         df_error err = {0};
         int think = r.enable_thinking != 0;
-        int rc = df_chat_render_qwen3_spans(m, r.n_msgs, 1, think, &text, &sp, &nsp, &err);
+        int rc = df_chat_render_chatml_spans(m, r.n_msgs, 1, think, &text, &sp, &nsp, &err);
         if (rc == DF_OK) {
             check_spans(m, r.n_msgs, text, sp, nsp);
             const char *tail = think ? "<|im_start|>assistant\n"

@@ -1,0 +1,148 @@
+/*
+ * generate.c - df_generate (deltafin.h): the generation loop `deltafin run`,
+ * `deltafin bench` and the server share, over the public session, sampler and
+ * speculative API only.
+ *
+ * One prefill for plain and speculative decoding alike: the prompt's rows the
+ * session does not hold, with the last row's logits, and the first token
+ * sampled from them as plain decoding does, so a run with a drafter pays
+ * nothing extra for it. Steps then start with the session holding all of the
+ * history but the token just drawn (df_spec_step's convention); a plain step
+ * evaluates that token and samples the next.
+ */
+#include "deltafin.h"
+
+#include "util/util.h"
+
+#include <stdlib.h>
+
+typedef struct loop {
+    df_session *s;
+    const df_generate_opts *o;
+    df_generate_result *r;
+    int V, limit;        /* most new tokens */
+    int32_t *hist;       /* prompt + new tokens */
+    int nh;
+    float *logits;
+} loop;
+
+/* The prompt's rows the session does not hold; the last row's logits. */
+static int prefill(loop *L, const int32_t *prompt, int n, df_error *err) {
+    const df_generate_opts *o = L->o;
+    int keep = 0;
+    if (o->reuse_prefix) {
+        const int32_t *held = df_session_tokens(L->s);
+        int have = df_session_pos(L->s);
+        while (keep < have && keep < n - 1 && held[keep] == prompt[keep]) keep++;
+    }
+    /* the nearest position at or before that the session can return to */
+    if ((keep = df_session_rollback(L->s, keep, err)) < 0) return err->code;
+    L->r->prompt_reused = keep;
+    df_session_keep(L->s, n); /* a later prompt may share this one */
+    double t0 = df_now();
+    df_session_set_progress(L->s, o->prefill_progress, o->progress_user);
+    int rc = DF_OK, chunk = o->prefill_chunk > 0 ? o->prefill_chunk : n;
+    for (int i = keep; i < n && !rc; i += chunk) {
+        if (o->cancelled && o->cancelled(o->user)) {
+            L->r->finish = DF_FINISH_CANCELLED;
+            break;
+        }
+        int k = n - i < chunk ? n - i : chunk;
+        rc = df_session_eval(L->s, prompt + i, k, L->logits, 0, err);
+    }
+    df_session_set_progress(L->s, NULL, NULL);
+    L->r->prefill_s = df_now() - t0;
+    if (!rc && o->on_prefill) o->on_prefill(o->user, n - keep, L->r->prefill_s);
+    return rc;
+}
+
+/* Takes the new tokens of one step; true when generation ends with them. */
+static bool take(loop *L, const int32_t *got, int ng) {
+    const df_generate_opts *o = L->o;
+    for (int i = 0; i < ng; i++) {
+        int32_t t = o->force ? o->force(o->user, L->r->produced) : got[i];
+        L->hist[L->nh++] = t;
+        L->r->produced++;
+        int stop = o->on_token ? o->on_token(o->user, t) : 0;
+        if (!o->force && df_is_stop_token(df_session_engine(L->s), t)) {
+            L->r->finish = DF_FINISH_STOP;
+            return true;
+        }
+        if (stop) {
+            L->r->finish = DF_FINISH_CALLER;
+            return true;
+        }
+        if (L->r->produced == L->limit) {
+            L->r->finish = o->max_new && o->max_new <= L->limit ? DF_FINISH_LENGTH : DF_FINISH_CONTEXT;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int sample(loop *L) {
+    const df_generate_opts *o = L->o;
+    if (o->logits_hook) o->logits_hook(o->hook_user, L->logits, L->V, L->hist, L->nh);
+    return df_sampler_sample(o->sampler, L->logits, L->V, L->hist, L->nh);
+}
+
+/* One step: the history's last token evaluated (with any drafts). */
+static int step(loop *L, int32_t *got, int *ng, df_error *err) {
+    const df_generate_opts *o = L->o;
+    if (o->spec)
+        return df_spec_step(o->spec, L->s, o->sampler, L->hist, L->nh, got, L->limit - L->r->produced, ng, err);
+    int rc = df_session_eval(L->s, &L->hist[L->nh - 1], 1, L->logits, 0, err);
+    if (rc) return rc;
+    got[0] = sample(L);
+    *ng = 1;
+    return DF_OK;
+}
+
+static int decode(loop *L, df_error *err) {
+    const df_generate_opts *o = L->o;
+    int32_t got[17];
+    int ng = 1, rc = DF_OK;
+    double t0 = df_now();
+    got[0] = sample(L);
+    if (o->spec) df_spec_set_logits_hook(o->spec, o->logits_hook, o->hook_user);
+    while (!take(L, got, ng)) {
+        if (o->cancelled && o->cancelled(o->user)) {
+            L->r->finish = DF_FINISH_CANCELLED;
+            break;
+        }
+        double ts = df_now();
+        if ((rc = step(L, got, &ng, err))) break;
+        L->r->decoded += ng;
+        if (o->on_step) o->on_step(o->user, ng, df_now() - ts);
+    }
+    if (o->spec) df_spec_set_logits_hook(o->spec, NULL, NULL);
+    L->r->decode_s = df_now() - t0;
+    return rc;
+}
+
+int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
+                df_generate_result *res, df_error *err) {
+    df_generate_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    if (!s || !prompt || n < 1 || !o || !o->sampler || o->max_new < 0)
+        return df_fail(err, DF_ERR_ARG, "df_generate: bad arguments");
+    if (o->spec && o->force)
+        return df_fail(err, DF_ERR_ARG, "df_generate: teacher forcing and speculative decoding exclude each other");
+    int cap = df_session_capacity(s);
+    if (n >= cap)
+        return df_fail(err, DF_ERR_CONTEXT, "the prompt of %d tokens leaves no room in the %d-token context", n,
+                       cap);
+    /* the context holds the prompt and every new token */
+    int room = cap - n;
+    loop L = {s, o, res, df_engine_info(df_session_engine(s))->vocab_size,
+              o->max_new && o->max_new < room ? o->max_new : room, NULL, n, NULL};
+    L.hist = df_xmalloc(sizeof(int32_t) * ((size_t)n + (size_t)L.limit));
+    memcpy(L.hist, prompt, sizeof(int32_t) * (size_t)n);
+    L.logits = df_xmalloc(sizeof(float) * (size_t)L.V);
+    int rc = prefill(&L, prompt, n, err);
+    if (!rc && res->finish != DF_FINISH_CANCELLED) rc = decode(&L, err);
+    free(L.hist);
+    free(L.logits);
+    return rc;
+}

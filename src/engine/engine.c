@@ -1,0 +1,236 @@
+/*
+ * engine/engine.c - the public API's engine (deltafin.h, and engine/dev.h for
+ * benchmark controls): opening a checkpoint (model, generation config,
+ * tokenizer, the budget and the expert source, thread pool), what it says
+ * about itself (df_model_info, df_stats) and closing it. The other files of
+ * this room: budget.c, residency.c, session.c, text.c, inspect.c, replay.c.
+ */
+#include "engine/internal.h"
+
+#include "experts/prefetch.h"
+
+#include <malloc.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static void add_stop(df_engine *e, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < e->n_stop; i++)
+        if (e->stop_ids[i] == id) return;
+    if (e->n_stop < (int)(sizeof e->stop_ids / sizeof e->stop_ids[0])) e->stop_ids[e->n_stop++] = id;
+}
+
+static int check_experts(const char *list, df_error *err) {
+    if (!list) return DF_OK;
+    if (!list[strspn(list, ",")])
+        return df_fail(err, DF_ERR_ARG,
+                       "--experts '%s' names no directory: give the expert pack's directories, "
+                       "comma-separated", list);
+    const char *p = list;
+    for (int i = 1;; i++) {
+        size_t len = strcspn(p, ",");
+        if (!len) return df_fail(err, DF_ERR_ARG, "--experts '%s': directory %d of the list is empty", list, i);
+        if (!p[len]) return DF_OK;
+        p += len + 1;
+    }
+}
+
+int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
+    *out = NULL;
+    if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
+    int rc = check_experts(opts->experts, err);
+    if (rc) return rc;
+    df_isa isa = df_isa_detect();
+    if (opts->isa && *opts->isa) {
+        int want = df_isa_from_name(opts->isa);
+        if (want < 0)
+            return df_fail(err, DF_ERR_ARG, "unknown kernel path '%s' (use auto, avx512, avx2 or c)",
+                           opts->isa);
+        if (df_isa_set((df_isa)want) != 0)
+            return df_fail(err, DF_ERR_UNSUPPORTED, "this CPU cannot run the '%s' kernel path",
+                           opts->isa);
+        isa = (df_isa)want;
+    } else {
+        df_isa_set(isa);
+    }
+    int nt = opts->n_threads;
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (nt < 1) nt = 1;
+    if (nt > 256) return df_fail(err, DF_ERR_ARG, "--threads %d is out of range (1..256)", nt);
+
+    if (opts->prefill_chunk < 0 || opts->prefill_chunk > 65536)
+        return df_fail(err, DF_ERR_ARG, "prefill chunk %d is out of range (1..65536)", opts->prefill_chunk);
+    df_engine *e = df_xcalloc(1, sizeof *e);
+    e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
+    rc = df_model_load(&e->model, opts->model_dir, err);
+    if (rc == DF_OK && (rc = df_generation_load_dir(&e->gen, &e->model.cfg, opts->model_dir, err)))
+        df_model_free(&e->model);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    char *tp = df_path_join(opts->model_dir, "tokenizer.json");
+    rc = df_tokenizer_load(&e->tok, tp, err);
+    free(tp);
+    /* Parsing a 151k-token tokenizer.json keeps 20 MiB and frees 75-90 MiB
+     * of JSON nodes. Handed back to the kernel now, those pages do not sit
+     * under the weights copied into RAM next, where they made the loading
+     * peak (232 MiB instead of 173 on a 2-layer checkpoint with that vocabulary). */
+    malloc_trim(0);
+    if (rc) {
+        df_model_free(&e->model);
+        free(e);
+        return rc;
+    }
+    const df_config *c = &e->model.cfg;
+    /* before the budget is sized, so that the trace counts in what is resident */
+    if (dev && dev->replay_routing && (rc = df_engine_setup_replay(e, dev->replay_routing, err))) {
+        df_tokenizer_free(e->tok);
+        df_model_free(&e->model);
+        free(e);
+        return rc;
+    }
+    bool have_pack = opts->experts && *opts->experts;
+    double sim_disk = dev ? dev->sim_disk_bps : 0;
+    if (have_pack || opts->ram_budget || opts->expert_cache || sim_disk > 0) {
+        /* a dense model has nothing to stream: the budget must hold all of it.
+         * A simulated disk paces pack reads only: streaming from the
+         * safetensors, the page cache is the expert cache and most reads
+         * never reach a disk. */
+        if (sim_disk > 0 && (!have_pack || c->num_experts <= 0))
+            rc = df_fail(err, DF_ERR_ARG, "a simulated disk needs a pack of the model's experts (--experts)");
+        else
+            rc = c->num_experts <= 0 && !opts->experts
+                     ? (opts->ram_budget ? df_engine_dense_budget(e, opts, err) : DF_OK)
+                     : df_engine_setup_streaming(e, opts, dev, err);
+        if (rc) {
+            df_engine_free_replay(e);
+            df_tokenizer_free(e->tok);
+            df_model_free(&e->model);
+            free(e);
+            return rc;
+        }
+    }
+    if (!e->store) df_engine_resident_weights(&e->model);
+    if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
+    for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
+    for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
+        add_stop(e, df_tokenizer_find(e->tok, *st));
+
+    e->pool = df_pool_new(nt);
+    df_model_info *in = &e->info;
+    in->architecture = c->model_type;
+    in->vocab_size = c->vocab_size;
+    in->n_layers = c->num_hidden_layers;
+    in->hidden_size = c->hidden_size;
+    in->max_context = c->max_position_embeddings;
+    in->n_experts = c->num_experts;
+    in->n_experts_active = c->num_experts_per_tok;
+    in->bytes_total = e->model.bytes_total;
+    in->bytes_dense = e->model.bytes_dense;
+    in->bytes_experts = e->model.bytes_experts;
+    {
+        const df_model *m = &e->model;
+        uint64_t emb = m->embed.t->nbytes, act = m->bytes_dense - emb;
+        if (m->lm_head.t == m->embed.t) act += emb; /* tied: the LM head reads it all */
+        for (int li = 0; li < c->num_hidden_layers; li++) {
+            if (!c->layer_is_moe[li]) continue;
+            act += (uint64_t)c->num_experts_per_tok * df_expert_bytes(&m->experts, li, 0);
+        }
+        in->bytes_active_per_token = act;
+    }
+    in->isa = df_isa_name(isa);
+    in->n_threads = nt;
+    in->default_temperature = (float)e->gen.temperature;
+    in->default_top_p = (float)e->gen.top_p;
+    in->default_top_k = e->gen.top_k;
+    *out = e;
+    return DF_OK;
+}
+
+int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
+    return df_engine_open_dev(out, opts, NULL, err);
+}
+
+void df_engine_close(df_engine *e) {
+    if (!e) return;
+    if (e->experts) e->experts->ops->close(e->experts); /* the store's closes the store */
+    df_engine_free_replay(e);
+    df_pool_free(e->pool);
+    df_tokenizer_free(e->tok);
+    df_model_free(&e->model);
+    free(e);
+}
+
+uint64_t df_engine_session_bytes(const df_engine *e, int max_ctx) {
+    const df_config *c = &e->model.cfg;
+    if (max_ctx <= 0 || max_ctx > c->max_position_embeddings) max_ctx = c->max_position_embeddings;
+    return df_engine_session_bytes_at(&e->model, max_ctx, e->chunk);
+}
+
+const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
+
+void df_engine_stats(const df_engine *e, df_stats *o) {
+    memset(o, 0, sizeof *o);
+    o->tokens = e->tokens;
+    o->eval_s = e->eval_s;
+    o->expert_source = "resident";
+    df_engine_mem_stats(e, o);
+    if (!e->store) return;
+    df_store_stats s = df_store_get_stats(e->store);
+    o->read_wait_s = s.wait_s;
+    o->expert_requests = s.requests;
+    o->expert_hits = s.hits;
+    o->expert_misses = s.misses;
+    o->expert_bytes_read = s.bytes_read;
+    o->expert_rereads = s.rereads;
+    o->cache_slots = df_store_slots(e->store);
+    o->pinned_experts = df_store_pinned(e->store);
+    o->cache_bytes = (uint64_t)df_store_slots(e->store) * df_store_slot_bytes(e->store);
+    o->expert_source = df_store_source(e->store);
+    o->direct_io = df_store_direct(e->store);
+    o->prefetch = df_store_prefetch_mode(e->store);
+    o->prefetch_reads = s.prefetch_reads;
+    o->prefetch_hits = s.prefetch_hits;
+    o->prefetch_bytes_used = s.prefetch_bytes_used;
+    o->prefetch_bytes_wasted = s.prefetch_bytes_wasted;
+    o->prefetch_no_room = s.prefetch_no_room;
+}
+
+void df_engine_dev_stats(const df_engine *e, df_dev_stats *o) {
+    memset(o, 0, sizeof *o);
+    o->replay_routing = e->replay_path;
+    if (!e->store) return;
+    o->sim_disk_bps = df_store_sim_disk(e->store);
+    o->prefetch_depth = df_store_prefetch_depth(e->store);
+    o->prefetch_gate = df_store_prefetch_gate(e->store, &o->prefetch_speedup);
+    int n_moe = df_store_moe_layers(e->store);
+    for (int l = 0; l < n_moe; l++) {
+        df_pf_layer_stats pl;
+        df_store_prefetch_layer(e->store, l, &pl);
+        o->prefetch_predicted += pl.predicted;
+        o->prefetch_correct += pl.correct;
+        o->prefetch_actual += pl.actual;
+    }
+}
+
+int df_engine_prefetch_layers(const df_engine *e, df_prefetch_layer *out, int cap) {
+    if (!e->store) return 0;
+    int n = 0;
+    for (int li = 0; li < e->model.cfg.num_hidden_layers; li++) {
+        if (!e->model.cfg.layer_is_moe[li]) continue;
+        if (n < cap) {
+            df_pf_layer_stats st;
+            df_store_prefetch_layer(e->store, n, &st);
+            out[n] = (df_prefetch_layer){.layer = li, .using = df_pf_choice_name(st.choice),
+                                         .recall_router = st.recall_router, .recall_prev = st.recall_prev,
+                                         .precision_first = st.precision_first,
+                                         .precision_prev = st.precision_prev, .ranks_read = st.ranks_read,
+                                         .predicted = st.predicted, .correct = st.correct,
+                                         .actual = st.actual};
+        }
+        n++;
+    }
+    return n;
+}
+

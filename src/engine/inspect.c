@@ -1,0 +1,100 @@
+/*
+ * engine/inspect.c - `deltafin inspect`: the shared config lines, the family's
+ * own (arch->inspect), the tensor inventory with routed experts summarised
+ * per layer, and the byte counts.
+ */
+#include "engine/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static void fmt_bytes(char *buf, size_t n, uint64_t b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) { v /= 1024; i++; }
+    snprintf(buf, n, "%.2f %s", v, u[i]);
+}
+
+/* "model.layers.3.mlp.experts.*": the name of layer li's experts up to where
+ * expert ids differ in it (the architecture's naming, whatever it is). */
+static void expert_group_name(const df_config *c, int li, char *out, size_t n) {
+    char a[256], b[256];
+    c->arch->expert_tensor(c, li, 0, 0, a, sizeof a);
+    c->arch->expert_tensor(c, li, c->num_experts > 1 ? 1 : 0, 0, b, sizeof b);
+    size_t k = 0, dot = 0;
+    while (a[k] && a[k] == b[k]) {
+        if (a[k] == '.') dot = k + 1;
+        k++;
+    }
+    if (!a[k]) dot = strlen(a); /* one expert: the whole name */
+    snprintf(out, n, "%.*s*", (int)dot, a);
+}
+
+static void print_expert_group(const df_config *c, FILE *f, int li, int count, uint64_t bytes) {
+    char b[32], name[300];
+    fmt_bytes(b, sizeof b, bytes);
+    expert_group_name(c, li, name, sizeof name);
+    fprintf(f, "  %s  %d tensors  %s\n", name, count, b);
+}
+
+/* Every tensor; routed experts are summarised per layer: a 235B model has
+ * tens of thousands of them. */
+static void inspect_tensors(const df_model *m, FILE *f) {
+    const df_config *c = &m->cfg;
+    size_t nt = df_st_count(m->st);
+    int *xlayer = df_xcalloc(nt ? nt : 1, sizeof(int));
+    for (int li = 0; m->experts.xt && li < c->num_hidden_layers; li++)
+        for (int e = 0; c->layer_is_moe[li] && e < c->num_experts; e++)
+            for (int p = 0; p < m->experts.layout->n_parts; p++)
+                xlayer[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = li;
+    uint64_t per_layer_bytes = 0;
+    int per_layer_count = 0, cur_layer = -1;
+    for (size_t i = 0; i < nt; i++) {
+        const df_tensor *t = df_st_at(m->st, i);
+        if (m->is_expert[i]) {
+            if (xlayer[i] != cur_layer && per_layer_count) {
+                print_expert_group(c, f, cur_layer, per_layer_count, per_layer_bytes);
+                per_layer_bytes = 0;
+                per_layer_count = 0;
+            }
+            cur_layer = xlayer[i];
+            per_layer_bytes += t->nbytes;
+            per_layer_count++;
+            continue;
+        }
+        char shp[96];
+        size_t o = 0;
+        for (int d = 0; d < t->ndim; d++)
+            o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", d ? "x" : "", (long long)t->shape[d]);
+        if (!t->ndim) snprintf(shp, sizeof shp, "scalar");
+        fprintf(f, "  %-56s %-5s %-14s %12llu\n", t->name, df_dtype_name(t->dtype), shp,
+                (unsigned long long)t->nbytes);
+    }
+    if (per_layer_count) print_expert_group(c, f, cur_layer, per_layer_count, per_layer_bytes);
+    free(xlayer);
+}
+
+void df_engine_inspect(const df_engine *e, FILE *f) {
+    const df_config *c = &e->model.cfg;
+    const df_model *m = &e->model;
+    fprintf(f, "architecture          %s\n", e->info.architecture);
+    fprintf(f, "vocab_size            %d\n", c->vocab_size);
+    fprintf(f, "hidden_size           %d\n", c->hidden_size);
+    fprintf(f, "layers                %d\n", c->num_hidden_layers);
+    c->arch->inspect(m, f);
+    fprintf(f, "stop tokens          ");
+    for (int i = 0; i < e->n_stop; i++) fprintf(f, " %d", e->stop_ids[i]);
+    fprintf(f, "\nkernels               %s, %d threads\n", e->info.isa, e->info.n_threads);
+    fprintf(f, "\ntensors (%zu in %d file%s):\n", df_st_count(m->st), df_st_file_count(m->st),
+            df_st_file_count(m->st) == 1 ? "" : "s");
+    inspect_tensors(m, f);
+    char a[32], d[32], x[32];
+    fmt_bytes(a, sizeof a, m->bytes_total);
+    fmt_bytes(d, sizeof d, m->bytes_dense);
+    fmt_bytes(x, sizeof x, m->bytes_experts);
+    fprintf(f, "\nbytes: total %s (%llu), always-active %s (%llu), routed experts %s (%llu)\n", a,
+            (unsigned long long)m->bytes_total, d, (unsigned long long)m->bytes_dense, x,
+            (unsigned long long)m->bytes_experts);
+}
+

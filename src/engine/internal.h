@@ -1,0 +1,95 @@
+/*
+ * engine/internal.h - what the engine's files share: the engine and session
+ * objects behind deltafin.h, the memory plan the budget keeps, and the
+ * functions one file of the room offers the others. Not seen outside
+ * src/engine/.
+ */
+#ifndef DF_ENGINE_INTERNAL_H
+#define DF_ENGINE_INTERNAL_H
+
+#include "deltafin.h"
+#include "engine/dev.h"
+
+#include "experts/store.h"
+#include "experts/trace.h"
+#include "kernels/kernels.h"
+#include "model/arch.h"
+#include "model/generation.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#define DF_DEFAULT_CHUNK 512
+
+/* The memory the budget counts, and --stats reports next to the peak RSS:
+ * measured at open, and computed for what comes later. */
+typedef struct df_mem_plan {
+    uint64_t resident;  /* RSS with the weights kept in RAM and the tokenizer in */
+    uint64_t load_peak; /* VmHWM then: loading may peak above what stays */
+    uint64_t session;   /* one session: KV cache at `context`, work buffers */
+    uint64_t slack;     /* what else comes (SLACK_*) */
+    uint64_t reserve;   /* df_engine_opts.reserve_bytes (a draft model) */
+    uint64_t available; /* the machine's available memory then */
+    int context;
+} df_mem_plan;
+
+struct df_engine {
+    df_model model;
+    df_generation gen;    /* generation_config.json */
+    df_tokenizer *tok;
+    df_pool *pool;
+    df_store *store;      /* NULL: experts used in place from the mapping */
+    df_xsource *experts;  /* the store's source, or the resident one; NULL: dense */
+    uint64_t ram_budget;
+    int budget_ctx;       /* context the budget reserved room for */
+    df_mem_plan plan;     /* all zero when nothing was sized (experts resident, no budget) */
+    const char *cache_sizing; /* df_stats.cache_sizing */
+    df_model_info info;
+    int32_t stop_ids[16];
+    int n_stop;
+    uint64_t tokens;
+    double eval_s;
+    int chunk;            /* rows per forward pass */
+    /* routing replay (df_engine_opts.replay_routing) */
+    df_trace *replay;
+    char *replay_path;
+    int *replay_layer;    /* [layers] MoE ordinal of each model layer, -1 dense */
+    uint64_t replay_next; /* trace token the next evaluated row uses */
+};
+
+struct df_session {
+    df_engine *eng;
+    df_progress_fn progress;
+    void *progress_user;
+    df_seq *seq;
+    df_fwd fwd;
+    int max_ctx;
+    int32_t *tokens;      /* [max_ctx]: the first seq->pos are the tokens it holds */
+    uint64_t replay_base; /* trace token of row 0 of the pass in progress */
+};
+
+
+/* ---- residency.c: the weights that stay in RAM mapped in ---------------------- */
+
+/* Maps the weights' pages in (routed experts too unless they stream). */
+void df_engine_prefault(const df_model *m, bool experts_too, const bool *done);
+/* Resident weights on 2 MiB pages where the kernel can; then prefaulted. */
+void df_engine_resident_weights(df_model *m);
+
+/* ---- budget.c: memory plan, budget, expert cache --------------------------------- */
+
+uint64_t df_engine_session_bytes_at(const df_model *m, int ctx, int chunk);
+/* A model with nothing to stream: the budget must hold all of it. */
+int df_engine_dense_budget(df_engine *e, const df_engine_opts *o, df_error *err);
+/* Sizes the expert cache and opens the store (a pack, or the safetensors). */
+int df_engine_setup_streaming(df_engine *e, const df_engine_opts *o, const df_engine_dev *dev, df_error *err);
+/* The memory fields of df_stats. */
+void df_engine_mem_stats(const df_engine *e, df_stats *o);
+
+/* ---- replay.c: routing replay (benchmarks and tests) ------------------------------- */
+
+int df_engine_setup_replay(df_engine *e, const char *path, df_error *err);
+void df_engine_free_replay(df_engine *e);
+/* The forward pass's routing hook; user is the session. */
+void df_engine_replay_route(void *user, int layer, int row, int *ids);
+
+#endif

@@ -1,0 +1,59 @@
+/*
+ * arch.h - the architecture interface: everything that differs between model
+ * families, behind one table entry per config.json model_type. The engine,
+ * the expert store, the pack writer and the server dispatch through it and
+ * never name a family.
+ *
+ * A family lives in one file, src/model/FAMILY.c, whose forward pass reads top
+ * to bottom over the shared blocks (blocks.h); docs/architecture.md has the
+ * checklist for adding one.
+ */
+#ifndef DF_ARCH_H
+#define DF_ARCH_H
+
+#include "model/forward.h"
+#include "tokenizer/chat.h"
+
+#include <jansson.h>
+#include <stdio.h>
+
+struct df_cfg_ctx;
+
+typedef struct df_arch {
+    const char *model_type;          /* config.json's model_type */
+    /* config.json: the family's fields (the shared ones are already in c;
+     * config_json.h has the readers). Derives c->layer_is_moe. */
+    int (*parse_config)(df_config *c, json_t *root, const struct df_cfg_ctx *p);
+    /* Routed experts: their parts, and the tensor name of part `part` of
+     * expert e of layer `layer` (NULL layout: a dense family). */
+    const df_expert_layout *expert_layout;
+    void (*expert_tensor)(const df_config *c, int layer, int e, int part, char *name, size_t n);
+    /* Finds, checks and keeps every tensor the forward pass uses (model.h's
+     * helpers); m->fam is the family's. unload frees what load made. */
+    int (*load)(df_model *m, df_error *err);
+    void (*unload)(df_model *m);
+    /* One sequence's state, and its bytes for a context of max_ctx. */
+    int (*seq_new)(const df_model *m, int max_ctx, df_seq **out, df_error *err);
+    uint64_t (*seq_bytes)(const df_model *m, int max_ctx);
+    /* Work buffers for max_rows rows at once (a context of max_ctx), and the
+     * bytes they and a forward pass allocate. */
+    void *(*work_new)(const df_model *m, int max_rows, int max_ctx);
+    void (*work_free)(void *work);
+    uint64_t (*work_bytes)(const df_model *m, int max_rows, int max_ctx);
+    int (*forward)(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_error *err);
+    /* Token strings that end an assistant turn, beyond generation_config's
+     * EOS ids (NULL-terminated). */
+    const char *const *stop_tokens;
+    /* The chat template (tokenizer/chat.h): renders messages and says where
+     * their content lies, which is tokenized as plain text. */
+    df_chat_template_fn chat;
+    /* The family's lines of `deltafin inspect`. */
+    void (*inspect)(const df_model *m, FILE *f);
+} df_arch;
+
+/* The entry for a model_type, or NULL. */
+const df_arch *df_arch_find(const char *model_type);
+/* "a, b, c": the supported model types, for error messages. */
+void df_arch_names(char *buf, size_t n);
+
+#endif

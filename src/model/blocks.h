@@ -1,0 +1,119 @@
+/*
+ * blocks.h - the building blocks families' forward passes are made of: norms,
+ * rotary embeddings, embedding lookup, linear layers, grouped-query attention
+ * over the sequences' key/value caches, the SwiGLU feed-forward, the softmax
+ * top-k router, and the MoE layer (router output -> the expert source ->
+ * batched expert FFNs -> the per-row combine in top-k slot order).
+ *
+ * Exactness rules every block keeps, so that a row's results do not depend on
+ * the batch, the thread count, the ISA path or where experts came from: every
+ * reduction is a kernel from kernels.h (fixed order per output element) or a
+ * plain sequential loop over one row; work is split over rows, heads or output
+ * features, never over a reduction; expert outputs are combined per row in
+ * top-k slot order, not in the order experts are computed.
+ */
+#ifndef DF_BLOCKS_H
+#define DF_BLOCKS_H
+
+#include "model/forward.h"
+
+#include <math.h>
+
+/* ---- row-local ------------------------------------------------------------------ */
+
+/* Hugging Face's RMSNorm: (x * rsqrt(mean(x^2) + eps)) * w, in float. */
+void df_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* Rows [0, T) of x (stride n) into out. */
+void df_rmsnorm_rows(float *out, const float *x, const float *w, int T, int n, float eps);
+static inline float df_silu(float x) { return x / (1.0f + expf(-x)); }
+/* y[t][i] += bias[i] (NULL bias: nothing). */
+void df_add_bias(float *y, int ld, const float *bias, int T, int n);
+/* x[i] += y[i] over n elements. */
+void df_add(float *x, const float *y, size_t n);
+
+/* ---- embeddings and linear layers ------------------------------------------------ */
+
+/* Row `tok` of the embedding table, widened to F32. */
+void df_embed_rows(const df_weight *embed, const int32_t *tokens, int T, float *out);
+/* y[T][w.rows] = x[T][w.cols] . w^T */
+void df_linear(df_pool *p, float *y, const float *x, const df_weight *w, int T);
+/* Several projections of the same input as one job over their stacked output
+ * rows (one pool crossing instead of n); each output is still the same sum. */
+void df_linear_multi(df_pool *p, int n, const df_weight *const *w, float *const *y, const float *x, int T);
+
+/* ---- rotary position embedding ---------------------------------------------------- */
+
+typedef struct df_rope {
+    int dim;             /* rotated dimensions */
+    float *inv_freq;     /* [dim/2], Hugging Face's float32 values */
+    float attn_factor;   /* YaRN's cos/sin scale */
+} df_rope;
+
+/* Frequencies as Hugging Face initialises them for config c (default, linear,
+ * yarn; dynamic is refused: its frequencies change with the sequence length). */
+int df_rope_init(df_rope *r, const df_config *c, int dim, df_error *err);
+void df_rope_free(df_rope *r);
+/* cos/sin of position pos for each frequency ([dim/2] each). */
+void df_rope_angles(const df_rope *r, int pos, float *cosv, float *sinv);
+/* NeoX layout: the two halves of a head rotate together. */
+void df_rope_neox(float *x, int dim, const float *cosv, const float *sinv);
+
+/* ---- grouped-query attention ------------------------------------------------------- */
+
+/* Causal attention of every row of the batch over its own sequence's
+ * key/value cache (layer li, positions 0..pos): q [T][nh*hd] in, out
+ * [T][nh*hd]. The rows' keys and values are already appended. */
+void df_gqa_attend(df_pool *p, const df_batch *b, int li, const float *q, float *out, int nh, int nkv,
+                   int hd);
+
+/* ---- feed-forward ------------------------------------------------------------------- */
+
+/* down(silu(gate x) * up x) over n rows: hg, hu [n][gate.rows] scratch. */
+void df_swiglu(df_pool *p, const df_wview *gate, const df_wview *up, const df_wview *down, const float *x,
+               float *y, float *hg, float *hu, int n);
+
+/* ---- mixture of experts -------------------------------------------------------------- */
+
+/* Softmax over E router logits (float), top-k by probability (ties: lower id),
+ * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block.
+ * forced (routing replay): these ids instead, each weighted by the router's
+ * own probability for it, renormalised the same way. */
+void df_route_softmax_topk(const float *logits, int E, int K, bool norm, int *sel, float *w,
+                           const int *forced);
+
+/* A MoE layer's buffers for up to `rows` rows of width H through E experts
+ * (top-K) of inner width I; the family's router fills sel/selw. */
+typedef struct df_moe_work {
+    int rows, H, E, K, I;
+    int *sel;            /* [rows][K] expert ids */
+    float *selw;         /* [rows][K] routing weights */
+    float *xg, *yg;      /* [rows][H] rows gathered for a job of experts, their outputs */
+    int *grow;           /* [rows] (row * K + slot) of each gathered row */
+    float *hg, *hu;      /* [rows][I] */
+    float *yslot;        /* [rows][K][H] each row's expert outputs by top-k slot */
+    /* a later layer's router run early (read-ahead) */
+    float *pxb;          /* [rows][H] */
+    float *prouter;      /* [rows][E] */
+    int *psel;           /* [rows][K] */
+    float *pselw;
+} df_moe_work;
+
+df_moe_work *df_moe_work_new(int rows, int H, int E, int K, int I);
+void df_moe_work_free(df_moe_work *w);
+uint64_t df_moe_work_bytes(int rows, int H, int E, int K, int I);
+
+/* The routed experts of MoE layer li for T rows of xin [T][H] whose top-k
+ * (df_moe_sel/selw) are set: each needed expert is fetched once from the
+ * expert source and computed for all rows routed to it (SwiGLU), and each
+ * row's outputs are combined in slot order into out [T][H]
+ * (out = sum_k w_k * expert_k(x)). lookahead (may be NULL) is called once
+ * the layer's reads are queued, so that predicted reads for later layers go
+ * behind them. */
+typedef void (*df_lookahead_fn)(df_fwd *f, int li, int T, void *user);
+int df_moe_experts(df_fwd *f, df_moe_work *w, int li, const float *xin, float *out, int T, int K,
+                   df_lookahead_fn lookahead, void *user, df_error *err);
+
+/* The n-th MoE layer after model layer li (n >= 1), or -1. */
+int df_moe_after(const df_config *c, int li, int n);
+
+#endif

@@ -1,0 +1,99 @@
+/*
+ * experts.h - routed experts as the model layer sees them: how an expert is
+ * laid out (its named parts, which are checkpoint tensors), the inventory of
+ * every (layer, expert)'s tensors, and the expert source a MoE layer asks for
+ * the experts its rows need.
+ *
+ * The source is an interface with two implementations: resident (here: the
+ * checkpoint mapped in place) and streamed (experts/store.c, which reads them
+ * into a RAM cache from a pack or the safetensors files). Read-ahead is an
+ * optional hint behind it: a source that can prefetch says how many MoE
+ * layers ahead it wants predictions, and the forward pass hands it the
+ * experts a later layer's router picks on the current residual stream.
+ * Nothing a source does changes a result: the MoE block combines expert
+ * outputs per row in top-k slot order, whatever order experts arrive in.
+ */
+#ifndef DF_MODEL_EXPERTS_H
+#define DF_MODEL_EXPERTS_H
+
+#include "kernels/kernels.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+#define DF_EXPERT_MAX_PARTS 8
+#define DF_EXPERT_MATS 3
+enum { DF_XM_GATE = 0, DF_XM_UP = 1, DF_XM_DOWN = 2 };
+
+/* An expert's tensors, named within the expert (the architecture prefixes
+ * the layer and expert), and which of them make its matrices: the values
+ * and, for a scaled format, the scales (-1: none). */
+typedef struct df_expert_layout {
+    int n_parts;
+    const char *part[DF_EXPERT_MAX_PARTS]; /* e.g. "gate_proj.weight" */
+    struct {
+        int values, scale;
+    } mat[DF_EXPERT_MATS];                 /* DF_XM_GATE, DF_XM_UP, DF_XM_DOWN */
+} df_expert_layout;
+
+/* Every routed expert's tensors: xt[(layer * E + e) * n_parts + part], NULL
+ * on layers without routed experts. */
+typedef struct df_expert_inventory {
+    const df_expert_layout *layout;
+    int n_layers, n_experts;
+    const df_tensor **xt;
+    uint64_t bytes;        /* all of them, as stored */
+} df_expert_inventory;
+
+/* Finds every routed expert's tensors by the architecture's naming (arch.h);
+ * the error names the first missing tensor. Shapes are the family's to check. */
+int df_expert_inventory_build(df_expert_inventory *inv, const df_config *c, const df_st *st,
+                              df_error *err);
+void df_expert_inventory_free(df_expert_inventory *inv);
+static inline const df_tensor *df_expert_part(const df_expert_inventory *inv, int layer, int e, int part) {
+    return inv->xt[((size_t)layer * (size_t)inv->n_experts + (size_t)e) * (size_t)inv->layout->n_parts +
+                   (size_t)part];
+}
+/* Bytes of one expert's parts as stored. */
+uint64_t df_expert_bytes(const df_expert_inventory *inv, int layer, int e);
+
+/* One expert's matrices as the kernels see them. */
+typedef struct df_expert_w {
+    df_wview mat[DF_EXPERT_MATS];
+} df_expert_w;
+
+/* Views of expert (layer, e) whose part p lies at part_data[p] (its bytes as
+ * stored: in the mapping, a cache slot, ...). */
+void df_expert_bind(const df_expert_inventory *inv, int layer, int e, const void *const *part_data,
+                    df_expert_w *out);
+
+/* ---- the expert source ---------------------------------------------------------- */
+
+typedef struct df_xsource df_xsource;
+
+typedef struct df_xsource_ops {
+    /* A MoE layer needs these distinct experts. */
+    int (*begin_layer)(df_xsource *s, int layer, const int *experts, int n, df_error *err);
+    /* Up to cap of them that are ready (at least one; blocks until one is),
+     * with views valid until the next call or end_layer; *n_out = 0 when all
+     * were handed out. */
+    int (*next)(df_xsource *s, int cap, int *ids, df_expert_w *w, int *n_out, df_error *err);
+    void (*end_layer)(df_xsource *s);
+    /* A forward pass over `rows` rows is complete. */
+    void (*end_step)(df_xsource *s, int rows);
+    /* Optional read-ahead hint (NULL: none). How many MoE layers ahead the
+     * forward pass should predict this step (0: none), and a prediction: the
+     * experts a later MoE layer's router picks on the current rows. */
+    int (*lookahead_depth)(df_xsource *s);
+    void (*predict)(df_xsource *s, int layer, const int *sel, int n_sel);
+    void (*close)(df_xsource *s);
+} df_xsource_ops;
+
+struct df_xsource {
+    const df_xsource_ops *ops;
+};
+
+/* Experts used in place, from the tensors' own memory (the checkpoint's
+ * mapping). */
+df_xsource *df_xsource_resident(const df_expert_inventory *inv);
+
+#endif

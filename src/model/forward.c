@@ -1,0 +1,27 @@
+/*
+ * forward.c - df_forward: checks that a batch is well formed (each sequence's
+ * rows are its next positions, in order), runs the architecture's forward
+ * pass, and advances the sequences once it succeeded (a failed pass leaves
+ * them where they were, so the same rows can be evaluated again).
+ */
+#include "model/forward.h"
+
+#include "model/arch.h"
+
+int df_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_error *err) {
+    if (b->n <= 0 || b->n > f->max_rows)
+        return df_fail(err, DF_ERR_ARG, "forward pass of %d rows (1..%d)", b->n, f->max_rows);
+    /* A row's position is its sequence's position plus the rows of that
+     * sequence before it in the batch. Sequences are few: a quadratic scan. */
+    for (int i = 0; i < b->n; i++) {
+        int before = 0;
+        for (int j = 0; j < i; j++) before += b->seq[j] == b->seq[i];
+        if (b->pos[i] != b->seq[i]->pos + before || b->pos[i] >= b->seq[i]->max_ctx)
+            return df_fail(err, DF_ERR_ARG, "forward pass: row %d is at position %d, its sequence at %d + %d of %d",
+                           i, b->pos[i], b->seq[i]->pos, before, b->seq[i]->max_ctx);
+    }
+    int rc = f->m->cfg.arch->forward(f, b, logits, all_rows, err);
+    if (rc) return rc;
+    for (int i = 0; i < b->n; i++) b->seq[i]->pos++;
+    return DF_OK;
+}

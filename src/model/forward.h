@@ -1,0 +1,51 @@
+/*
+ * forward.h - what one forward pass is given: a batch of rows, each a token
+ * at a position of some sequence, and the context it runs in (thread pool,
+ * expert source, work buffers, hooks). The architecture's forward function
+ * (arch.h) runs it; df_forward checks the batch and dispatches.
+ *
+ * Rows of one sequence must be consecutive positions starting at the
+ * sequence's current position, in order; rows of several sequences may be
+ * mixed. A row's logits do not depend on the other rows in the batch, the
+ * thread count, the ISA path or where the experts came from.
+ */
+#ifndef DF_FORWARD_H
+#define DF_FORWARD_H
+
+#include "model/model.h"
+#include "model/state.h"
+
+typedef struct df_batch {
+    int n;                   /* rows */
+    const int32_t *tokens;   /* [n] */
+    const int *pos;          /* [n] position of each row in its sequence */
+    df_seq *const *seq;      /* [n] the sequence each row belongs to */
+} df_batch;
+
+/* Routing replay (benchmarks and tests only): called for every row of every MoE
+ * layer after the router ran; writes the top_k expert ids (distinct, in
+ * [0, num_experts)) that row uses instead of the router's top-k. `layer` is the
+ * model layer index, `row` the row within the pass. */
+typedef void (*df_route_fn)(void *user, int layer, int row, int *ids);
+/* Called after each layer (progress displays). */
+typedef void (*df_layer_cb)(void *user, int layers_done, int n_layers, int rows);
+
+typedef struct df_fwd {
+    const df_model *m;
+    df_pool *pool;
+    df_xsource *experts;     /* where routed experts come from */
+    void *work;              /* the family's buffers for max_rows rows (arch->work_new) */
+    int max_rows, max_ctx;
+    df_route_fn route;       /* NULL: the router's choice */
+    void *route_user;
+    df_layer_cb on_layer;    /* may be NULL */
+    void *layer_user;
+} df_fwd;
+
+/* Runs the batch (b->n <= f->max_rows): appends every row to its sequence's
+ * state and advances the sequences. logits: NULL, or [n][vocab] when
+ * all_rows, else [vocab] for the last row. Fails only on expert read errors
+ * (and on a malformed batch, a programming error reported as DF_ERR_ARG). */
+int df_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_error *err);
+
+#endif
