@@ -27,12 +27,18 @@ ISA_AVX2   := -mavx2 -mfma -mf16c
 # injected I/O faults, interrupted pack writes. The release build has none.
 SAN_FLAGS := -DDF_TEST_HOOKS -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer
 
-LIB_SRC  := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
+# The front ends (src/cli: the deltafin command; src/server: serve's server)
+# are not in libdeltafin.a; the binaries link them with it, the tests and fuzz
+# targets take what they use from libdeltafin-front-san.a (all but main).
+FRONT_SRC := $(shell find src/cli src/server -name '*.c' | sort)
+LIB_SRC  := $(filter-out $(FRONT_SRC),$(shell find src -name '*.c' | sort))
 TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 FUZZ_SRC := $(shell find tests/fuzz -name 'fuzz_*.c' 2>/dev/null | sort)
 
 REL_OBJ  := $(LIB_SRC:%.c=$(B)/rel/%.o)
 SAN_OBJ  := $(LIB_SRC:%.c=$(B)/san/%.o)
+REL_FRONT := $(FRONT_SRC:%.c=$(B)/rel/%.o)
+SAN_FRONT := $(FRONT_SRC:%.c=$(B)/san/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/%)
 
@@ -55,21 +61,24 @@ $(B)/libdeltafin.a: $(REL_OBJ)
 $(B)/libdeltafin-san.a: $(SAN_OBJ)
 	@rm -f $@; ar rcs $@ $^
 
-$(B)/deltafin: src/main.c $(B)/libdeltafin.a
-	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
+$(B)/libdeltafin-front-san.a: $(filter-out %/main.o,$(SAN_FRONT))
+	@rm -f $@; ar rcs $@ $^
 
-$(B)/deltafin-san: src/main.c $(B)/libdeltafin-san.a
-	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $< $(B)/libdeltafin-san.a $(LDLIBS) -o $@
+$(B)/deltafin: $(REL_FRONT) $(B)/libdeltafin.a
+	$(CC) $(BASE_CFLAGS) $(OPT) $(REL_FRONT) $(B)/libdeltafin.a $(LDLIBS) -o $@
 
-$(B)/tests/%: tests/%.c $(B)/libdeltafin-san.a tests/testutil.h
+$(B)/deltafin-san: $(SAN_FRONT) $(B)/libdeltafin-san.a
+	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $(SAN_FRONT) $(B)/libdeltafin-san.a $(LDLIBS) -o $@
+
+$(B)/tests/%: tests/%.c $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a tests/testutil.h
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -Itests -O1 -g $(SAN_FLAGS) $< $(B)/libdeltafin-san.a $(LDLIBS) -lcmocka -o $@
+	$(CC) $(BASE_CFLAGS) -Itests -O1 -g $(SAN_FLAGS) $< $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a $(LDLIBS) -lcmocka -o $@
 
 # Fuzz targets: a libFuzzer entry point, driven by tests/fuzz/driver.c (gcc,
 # bounded random mutation under ASan) so no extra toolchain is needed.
-$(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(B)/libdeltafin-san.a
+$(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $< tests/fuzz/driver.c $(B)/libdeltafin-san.a $(LDLIBS) -o $@
+	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $< tests/fuzz/driver.c $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a $(LDLIBS) -o $@
 
 test: $(B)/deltafin $(B)/deltafin-san $(TEST_BIN) $(FUZZ_BIN)
 	@B=$(B) bash tests/run_all.sh

@@ -8,6 +8,7 @@
 #include "testutil.h"
 
 #include "experts/pack.h"
+#include "cli/cli.h" /* the command-line tests: cli/pack.c, cli/cachesim.c */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -801,7 +802,7 @@ static int run_cli(int n, ...) {
     int saved = dup(1);
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 1);
-    int rc = df_pack_main(n, argv);
+    int rc = cli_pack_main(n, argv);
     fflush(stdout);
     dup2(saved, 1);
     close(saved);

@@ -13,6 +13,7 @@
 #include "experts/heat.h"
 #include "experts/policy.h"
 #include "experts/trace.h"
+#include "cli/cli.h" /* the command-line tests: cli/pack.c, cli/cachesim.c */
 
 #include <dirent.h>
 #include <math.h>
@@ -868,7 +869,7 @@ static int sim(const char *a1, const char *a2, const char *a3, const char *a4,
     int argc = 0;
     while (argc < 6 && argv[argc]) argc++;
     fflush(stdout);
-    return df_cache_sim_main(argc, argv);
+    return cli_cache_sim_main(argc, argv);
 }
 
 static void test_cache_sim_cli(void **st) {
@@ -883,9 +884,9 @@ static void test_cache_sim_cli(void **st) {
                     "--heat", (char *)tmp("sim.heat"), "--pin", "0.5", "--warmup", "10",
                     "--policy", "deltafin", NULL};
     fflush(stdout);
-    assert_int_equal(df_cache_sim_main(12, argv), 0);
-    assert_int_equal(df_cache_sim_main(1, (char *[]){"--help", NULL}), 0);
-    assert_int_equal(df_cache_sim_main(0, (char *[]){NULL}), 2);
+    assert_int_equal(cli_cache_sim_main(12, argv), 0);
+    assert_int_equal(cli_cache_sim_main(1, (char *[]){"--help", NULL}), 0);
+    assert_int_equal(cli_cache_sim_main(0, (char *[]){NULL}), 2);
     /* usage errors: 2; a bad trace: 1 */
     assert_int_equal(sim("--trace", tr, NULL, NULL, NULL, NULL), 2);
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--fraction", "0.1"), 2);

@@ -136,11 +136,4 @@ int df_pack_read_record(const df_pack *p, const df_pack_record *r, void *dst_ali
  * first bad expert and its directory. */
 int df_pack_verify(const char *const *dirs, int n_dirs, df_error *err);
 
-/* ---- command line ------------------------------------------------------------- */
-
-/* `deltafin pack ...`: argv holds the arguments after "pack" (argv[0] is the
- * first option). Returns the process exit code: 0, 2 bad input (one line on
- * stderr), 1 unexpected failure. */
-int df_pack_main(int argc, char **argv);
-
 #endif

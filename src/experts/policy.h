@@ -132,10 +132,23 @@ int df_cache_hazard(const df_cache *c, double *out, int cap, int *n_missed, int 
  * against a full scan). O(slots); for tests. */
 int df_cache_check(const df_cache *c, df_error *err);
 
-/* `deltafin cache-sim ...` (cachesim.c): replays a routing trace through the
- * policies and prints hit rates. argv holds the options only (argv[0] is the
- * first option, as main.c passes subcommand arguments). Returns a process exit
- * status: 0, 1 (bad trace, I/O) or 2 (usage). */
-int df_cache_sim_main(int argc, char **argv);
+/* ---- cache simulation (cachesim.c; `deltafin cache-sim`) ---- */
+
+/* "key=value,..." of df_cache_tuning (max_missed, relearn, learn_half_life,
+ * admit, buckets, prior_tokens) into t; DF_ERR_ARG naming the bad entry. */
+int df_cache_tuning_parse(const char *spec, df_cache_tuning *t, df_error *err);
+
+struct df_trace;
+/* For each access of the trace (token-major, layer, k): the layer step of the
+ * same expert's next use, UINT64_MAX if none (Belady's oracle). Free with free(). */
+uint64_t *df_cache_sim_next_uses(const struct df_trace *t);
+
+typedef struct df_sim_result {
+    uint64_t accesses, hits; /* over the tokens from warmup on */
+} df_sim_result;
+/* Replays the trace through c as the runtime drives it: per layer every
+ * lookup, then the admissions; df_cache_token_end after each token. */
+void df_cache_sim_replay(const struct df_trace *t, df_cache *c, const uint64_t *next, int warmup,
+                         df_sim_result *r);
 
 #endif

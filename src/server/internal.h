@@ -1,0 +1,107 @@
+/*
+ * server/internal.h - what the server's files share: the job (one request
+ * from queueing to its last byte), the server's state under one mutex, and
+ * the calls between http.c (routes, handlers, JSON in and out), jobs.c (the
+ * queue, the worker, generation and streaming) and metrics.c (counters and
+ * the /metrics text).
+ *
+ * Threads: connection threads parse, enqueue and then block on their job's
+ * condition variable, polling their socket between waits so that a client that
+ * goes away cancels its job (queued: removed; running: the worker sees the flag
+ * between tokens). The worker owns the engine, the session and the sampler; the
+ * only state shared with connection threads is under g_srv.mu.
+ */
+#ifndef DF_SERVER_INTERNAL_H
+#define DF_SERVER_INTERNAL_H
+
+#include "deltafin.h"
+#include "server/listener.h"
+#include "server/request.h"
+#include "server/server.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum job_state { J_QUEUED, J_RUNNING, J_STARTED, J_DONE, J_FAILED, J_DROPPED };
+
+typedef struct job {
+    srv_request req;
+    pthread_cond_t cv;
+    enum job_state state;
+    atomic_bool cancel;
+    int refs; /* connection + worker */
+    struct job *next;
+    char id[48];
+    long long created;
+    /* failure before the response started */
+    int status;
+    char *err_body;
+    /* SSE bytes not yet sent */
+    char *out;
+    size_t out_len, out_cap, out_off;
+    /* the final result (non-streaming) */
+    char *text;
+    size_t text_len;
+    int prompt_tokens, completion_tokens;
+    const char *finish;
+} job;
+
+enum { EP_MODELS, EP_COMPLETIONS, EP_CHAT, EP_HEALTH, EP_METRICS, EP_OTHER, N_EP };
+extern const char *const SRV_EP_NAME[N_EP];
+extern const int SRV_STATUSES[];
+#define N_STATUS 9
+
+typedef struct srv_state {
+    srv_config cfg;
+    df_engine *eng;
+    df_spec *spec; /* NULL without --draft; used by the worker only */
+    srv_listener *listener;
+    const df_model_info *info;
+    long long started;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    job *head, *tail;
+    int n_waiting;
+    bool running, stopping;
+    job *current; /* the job the worker is running, or NULL */
+
+    /* metrics (under mu) */
+    uint64_t requests[N_EP][N_STATUS + 1];
+    uint64_t gen_tokens, prompt_tokens, reused_tokens, cancelled, rejected_full;
+    double last_tps;
+    df_stats stats;
+    df_spec_stats spec_stats;
+} srv_state;
+
+extern srv_state g_srv;
+
+long long srv_now_unix(void);
+double srv_now_s(void);
+/* Grows *buf to hold len + add + 1 bytes. */
+bool srv_reserve(char **buf, size_t *cap, size_t len, size_t add);
+
+/* jobs.c */
+void srv_job_release(job *j);           /* under mu */
+void *srv_worker_main(void *arg);
+/* Queues j for the worker; false when the queue is full (j untouched). Under mu. */
+bool srv_enqueue(job *j);
+/* Gives up a job from the connection side. Under mu. */
+void srv_abandon(job *j);
+/* Waits on cv (under mu) for at most one polling slice. */
+void srv_timed_wait(pthread_cond_t *cv);
+/* Tells the worker to stop, cancelling queued and running requests. */
+void srv_stop_requests(void);
+json_t *srv_usage_obj(int prompt_tokens, int completion_tokens);
+
+/* metrics.c */
+/* Counts an answered request by endpoint and status. Under mu. */
+void srv_count_request(int ep, int status);
+/* The Prometheus text of /metrics (malloc'd), NULL out of memory. */
+char *srv_metrics_text(size_t *len);
+
+#endif

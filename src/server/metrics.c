@@ -1,0 +1,90 @@
+/*
+ * server/metrics.c - the server's counters (requests by endpoint and status,
+ * tokens, prefix reuse, cancellations, the engine's and the drafter's
+ * statistics as of the last generation, the listener's closes) and their
+ * Prometheus text for GET /metrics.
+ */
+#include "server/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *const SRV_EP_NAME[N_EP] = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health",
+                                       "/metrics", "other"};
+const int SRV_STATUSES[N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+
+void srv_count_request(int ep, int status) {
+    int s = N_STATUS;
+    for (int i = 0; i < N_STATUS; i++)
+        if (SRV_STATUSES[i] == status) s = i;
+    g_srv.requests[ep][s]++;
+}
+
+char *srv_metrics_text(size_t *len) {
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!f) return NULL;
+    pthread_mutex_lock(&g_srv.mu);
+    fprintf(f, "# HELP deltafin_requests_total HTTP requests answered, by endpoint and status.\n"
+               "# TYPE deltafin_requests_total counter\n");
+    for (int e = 0; e < N_EP; e++)
+        for (int s = 0; s <= N_STATUS; s++)
+            if (g_srv.requests[e][s])
+                fprintf(f, "deltafin_requests_total{endpoint=\"%s\",status=\"%s%d\"} %llu\n", SRV_EP_NAME[e],
+                        s == N_STATUS ? "other" : "", s == N_STATUS ? 0 : SRV_STATUSES[s],
+                        (unsigned long long)g_srv.requests[e][s]);
+    fprintf(f,
+            "# HELP deltafin_generated_tokens_total Tokens sampled.\n# TYPE deltafin_generated_tokens_total counter\n"
+            "deltafin_generated_tokens_total %llu\n"
+            "# HELP deltafin_prompt_tokens_total Prompt tokens of requests that ran.\n"
+            "# TYPE deltafin_prompt_tokens_total counter\ndeltafin_prompt_tokens_total %llu\n"
+            "# HELP deltafin_prompt_tokens_reused_total Prompt tokens whose KV cache was kept from the previous request.\n"
+            "# TYPE deltafin_prompt_tokens_reused_total counter\ndeltafin_prompt_tokens_reused_total %llu\n"
+            "# HELP deltafin_last_tokens_per_second Decode speed of the last generation.\n"
+            "# TYPE deltafin_last_tokens_per_second gauge\ndeltafin_last_tokens_per_second %.6f\n"
+            "# HELP deltafin_requests_cancelled_total Generations or queued requests dropped because the client left.\n"
+            "# TYPE deltafin_requests_cancelled_total counter\ndeltafin_requests_cancelled_total %llu\n"
+            "# HELP deltafin_requests_rejected_total Requests refused with 429 (queue full).\n"
+            "# TYPE deltafin_requests_rejected_total counter\ndeltafin_requests_rejected_total %llu\n"
+            "# HELP deltafin_queue_length Requests waiting behind the running one.\n"
+            "# TYPE deltafin_queue_length gauge\ndeltafin_queue_length %d\n"
+            "# HELP deltafin_busy Whether a generation is running.\n# TYPE deltafin_busy gauge\ndeltafin_busy %d\n"
+            "# HELP deltafin_expert_cache_hits_total Expert cache hits.\n"
+            "# TYPE deltafin_expert_cache_hits_total counter\ndeltafin_expert_cache_hits_total %llu\n"
+            "# HELP deltafin_expert_cache_misses_total Expert cache misses.\n"
+            "# TYPE deltafin_expert_cache_misses_total counter\ndeltafin_expert_cache_misses_total %llu\n"
+            "# HELP deltafin_expert_bytes_read_total Expert bytes read from storage.\n"
+            "# TYPE deltafin_expert_bytes_read_total counter\ndeltafin_expert_bytes_read_total %llu\n",
+            (unsigned long long)g_srv.gen_tokens, (unsigned long long)g_srv.prompt_tokens,
+            (unsigned long long)g_srv.reused_tokens, g_srv.last_tps, (unsigned long long)g_srv.cancelled,
+            (unsigned long long)g_srv.rejected_full, g_srv.n_waiting, g_srv.running ? 1 : 0,
+            (unsigned long long)g_srv.stats.expert_hits, (unsigned long long)g_srv.stats.expert_misses,
+            (unsigned long long)g_srv.stats.expert_bytes_read);
+    if (g_srv.spec)
+        fprintf(f,
+                "# HELP deltafin_spec_drafted_tokens_total Tokens proposed by the drafter and checked.\n"
+                "# TYPE deltafin_spec_drafted_tokens_total counter\ndeltafin_spec_drafted_tokens_total %llu\n"
+                "# HELP deltafin_spec_accepted_tokens_total Drafted tokens the target accepted.\n"
+                "# TYPE deltafin_spec_accepted_tokens_total counter\ndeltafin_spec_accepted_tokens_total %llu\n"
+                "# HELP deltafin_spec_verify_passes_total Target passes that checked drafted tokens.\n"
+                "# TYPE deltafin_spec_verify_passes_total counter\ndeltafin_spec_verify_passes_total %llu\n"
+                "# HELP deltafin_spec_depth Tokens the gate would draft now (0: drafting off).\n"
+                "# TYPE deltafin_spec_depth gauge\ndeltafin_spec_depth %d\n",
+                (unsigned long long)g_srv.spec_stats.drafted, (unsigned long long)g_srv.spec_stats.accepted,
+                (unsigned long long)g_srv.spec_stats.verify_passes, g_srv.spec_stats.depth);
+    pthread_mutex_unlock(&g_srv.mu);
+    srv_listener_stats ls;
+    srv_listener_stats_get(g_srv.listener, &ls);
+    fprintf(f,
+            "# HELP deltafin_connections_closed_total Connections the listener closed: a refused request "
+            "head (400, 431, 501), a request not whole in time, over the per-address or overall limit.\n"
+            "# TYPE deltafin_connections_closed_total counter\n"
+            "deltafin_connections_closed_total{reason=\"bad_head\"} %llu\n"
+            "deltafin_connections_closed_total{reason=\"request_timeout\"} %llu\n"
+            "deltafin_connections_closed_total{reason=\"per_address_limit\"} %llu\n"
+            "deltafin_connections_closed_total{reason=\"connection_limit\"} %llu\n",
+            (unsigned long long)ls.bad_head, (unsigned long long)ls.deadline, (unsigned long long)ls.per_addr,
+            (unsigned long long)ls.full);
+    return fclose(f) == 0 ? buf : (free(buf), NULL);
+}
+
