@@ -20,6 +20,32 @@ for c in run inspect tokenize logits pack cache-sim serve bench; do
     if "$ENG" $c --help >"$T/out" 2>&1 && grep -q usage "$T/out"; then ok "help-$c"; else bad "help-$c" "no usage"; fi
 done
 "$ENG" --help >/dev/null 2>&1 && ok help-main || bad help-main "exit $?"
+for c in run logits serve; do
+    if "$ENG" bench $c --help >"$T/out" 2>&1 && grep -q "usage: deltafin bench $c" "$T/out" \
+       && grep -q -- "--replay-routing\|--prefetch-depth" "$T/out"; then ok "help-bench-$c"; else bad "help-bench-$c" "no usage"; fi
+done
+# the benchmark and test controls are under `deltafin bench` only: the product
+# commands refuse them by name and say where they are
+for o in "--replay-routing t" "--sim-disk 1" "--prefetch-depth 2" "--prefetch-min-recall 0.5" \
+         "--prefetch-min-precision 0.5" "--draft-fixed 2" "--teacher-force 7" "--random-prompt 8" "--prompt-seed 3"; do
+    expect_error "run-refuses-${o%% *}" "^deltafin: ${o%% *} is for benchmarks and tests only: it is under \`deltafin bench run\`" \
+        "$ENG" run --model "$GOOD" --prompt-tokens 1 $o
+done
+expect_error logits-refuses-replay "^deltafin: --replay-routing is for benchmarks and tests only: it is under \`deltafin bench logits\`" \
+    "$ENG" logits --model "$GOOD" --tokens 1 --out "$T/lg" --replay-routing t
+expect_error serve-refuses-depth "^deltafin: --prefetch-depth is for benchmarks and tests only: it is under \`deltafin bench serve\`" \
+    "$ENG" serve --model "$GOOD" --prefetch-depth 2
+expect_error bench-serve-refuses-replay "replay-routing is for benchmarks and tests only: the server refuses it" \
+    "$ENG" bench serve --model "$GOOD" --replay-routing t
+expect_error flag-takes-no-value "^deltafin: --print-ids takes no value" "$ENG" run --model "$GOOD" --prompt-tokens 1 --print-ids=1
+expect_error option-needs-value "^deltafin: --max-new needs a value" "$ENG" run --model "$GOOD" --prompt-tokens 1 --max-new
+# --name=VALUE is --name VALUE, for every command's options
+a=$("$ENG" run --model "$GOOD" --prompt-tokens 5,6 --max-new 4 --temp 0 --print-ids 2>&1)
+b=$("$ENG" run --model="$GOOD" --prompt-tokens=5,6 --max-new=4 --temp=0 --print-ids 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok option-equals-value || bad option-equals-value "'$a' vs '$b'"
+# `bench run` is run: the same tokens
+b=$("$ENG" bench run --model "$GOOD" --prompt-tokens 5,6 --max-new 4 --temp 0 --print-ids 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok bench-run-is-run || bad bench-run-is-run "'$a' vs '$b'"
 
 expect_error unknown-command "unknown command 'frobnicate'" "$ENG" frobnicate
 expect_error unknown-option "unknown option '--bogus'" "$ENG" run --model "$GOOD" --bogus 1
@@ -136,7 +162,7 @@ expect_error ctx-no-room "prompt of 3 tokens leaves no room for a new token in t
 expect_error ctx-1 "leaves no room for a new token in the 1-token context \\(--ctx\\)" \
     "$ENG" run --model models/demo-moe --prompt hi --ctx 1
 expect_error prompt-fills-model-ctx "512 tokens leaves no room for a new token in the model's 512-token context" \
-    "$ENG" run --model "$MOE" --random-prompt 512
+    "$ENG" bench run --model "$MOE" --random-prompt 512
 for c in "run --prompt-tokens 1" "logits --tokens 1 --out $T/lg"; do
     expect_error "ctx-above-model-${c%% *}" "--ctx 513 exceeds the model's context of 512 tokens" \
         "$ENG" $c --model "$MOE" --ctx 513
@@ -172,14 +198,14 @@ expect_error experts-empty-serve "--experts '' names no directory" \
 # prefetch options: checked values, and the per-layer report under --stats
 MOE=$MODELS/engine-moe
 expect_error prefetch-bad-mode "unknown prefetch mode 'sometimes'" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --ram-budget 400M --prefetch sometimes
-expect_error prefetch-bad-depth "--prefetch-depth expects an integer in 1..8" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-depth 0
-expect_error prefetch-bad-recall "--prefetch-min-recall expects a number in" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-recall 1.5
-expect_error prefetch-bad-precision "--prefetch-min-precision expects a number in" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-precision 0
-if "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
+expect_error prefetch-bad-depth "--prefetch-depth expects an integer in 1..8" "$ENG" bench run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-depth 0
+expect_error prefetch-bad-recall "--prefetch-min-recall expects a number in" "$ENG" bench run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-recall 1.5
+expect_error prefetch-bad-precision "--prefetch-min-precision expects a number in" "$ENG" bench run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --prefetch-min-precision 0
+if "$ENG" bench run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
        --prefetch on --prefetch-min-precision 0.2 --stats --events "$T/ev" >"$T/out" 2>"$T/err" \
    && grep -q "read precision: first  prev  ranks read" "$T/err" \
    && grep -q '"read_precision_first":' "$T/ev"; then ok prefetch-precision-stats; else bad prefetch-precision-stats "$(tail -5 "$T/err")"; fi
-if "$ENG" run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
+if "$ENG" bench run --model "$MOE" --prompt-tokens 1,2,3 --max-new 8 --temp 0 --print-ids --expert-cache 300K \
        --prefetch router --prefetch-depth 1 --stats --events "$T/ev" >"$T/out" 2>"$T/err" \
    && grep -q "^prefetch: router, depth 1" "$T/err" && grep -qE "^ +2 +router" "$T/err" \
    && grep -q '"event":"prefetch"' "$T/ev"; then ok prefetch-stats; else bad prefetch-stats "$(tail -5 "$T/err")"; fi
@@ -196,7 +222,7 @@ if "$ENG" pack --model "$MOE" --out "$T/pack" >"$T/pack.out" 2>&1; then
                 || { bad "spec-plain-$src" "$(head -c 300 "$T/err")"; continue; }
             for d in lookup "$MOE" "$MODELS/engine-dense"; do
                 for k in "--draft-fixed 3" "--draft-k 2 --lookup-n 1"; do
-                    "$ENG" run --model "$MOE" --threads 2 --prompt-tokens $P --max-new 40 --print-ids "${extra[@]}" \
+                    "$ENG" bench run --model "$MOE" --threads 2 --prompt-tokens $P --max-new 40 --print-ids "${extra[@]}" \
                         --draft "$d" $k >"$T/spec" 2>"$T/err"
                     if ! cmp -s "$T/plain" "$T/spec"; then
                         spec_bad=1
@@ -212,8 +238,8 @@ if "$ENG" pack --model "$MOE" --out "$T/pack" >"$T/pack.out" 2>&1; then
     if grep -q "^speculative (draft model): .*accepted" "$T/err" && grep -q "speed-up" "$T/err"; then ok spec-stats
     else bad spec-stats "$(tail -4 "$T/err")"; fi
     # rejection sampling: a seed reproduces at a fixed depth
-    a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 20 --temp 0.9 --seed 3 --print-ids --draft "$MODELS/engine-dense" --draft-rejection --draft-fixed 2 2>&1)
-    b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 20 --temp 0.9 --seed 3 --print-ids --draft "$MODELS/engine-dense" --draft-rejection --draft-fixed 2 2>&1)
+    a=$("$ENG" bench run --model "$MOE" --prompt-tokens 5,17,300 --max-new 20 --temp 0.9 --seed 3 --print-ids --draft "$MODELS/engine-dense" --draft-rejection --draft-fixed 2 2>&1)
+    b=$("$ENG" bench run --model "$MOE" --prompt-tokens 5,17,300 --max-new 20 --temp 0.9 --seed 3 --print-ids --draft "$MODELS/engine-dense" --draft-rejection --draft-fixed 2 2>&1)
     [ -n "$a" ] && [ "$a" = "$b" ] && ok spec-rejection-seed || bad spec-rejection-seed "'$a' vs '$b'"
 else
     bad spec-pack "$(tail -3 "$T/pack.out")"
@@ -233,19 +259,19 @@ expect_error spec-tokenizer-mismatch "token id 10 differs" "$ENG" run --model "$
 expect_error spec-missing-draft "/no/such/draft" "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 2 --draft /no/such/draft
 expect_error spec-k-range "--draft-k expects an integer in 1..16" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --draft-k 0
 expect_error spec-k-needs-draft "need --draft" "$ENG" run --model "$MOE" --prompt-tokens 1 --lookup-n 2
-expect_error spec-teacher "cannot be combined" "$ENG" run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
+expect_error spec-teacher "cannot be combined" "$ENG" bench run --model "$MOE" --prompt-tokens 1 --draft lookup --teacher-force 3
 # --sim-disk: needs a pack; with one, the same ids and the bound's bandwidth in --stats
-expect_error sim-disk-needs-pack "simulated disk needs a pack" "$ENG" run --model "$MOE" --prompt-tokens 1 --sim-disk 1
-expect_error sim-disk-positive "--sim-disk expects a bandwidth" "$ENG" run --model "$MOE" --prompt-tokens 1 --sim-disk 0
+expect_error sim-disk-needs-pack "simulated disk needs a pack" "$ENG" bench run --model "$MOE" --prompt-tokens 1 --sim-disk 1
+expect_error sim-disk-positive "--sim-disk expects a bandwidth" "$ENG" bench run --model "$MOE" --prompt-tokens 1 --sim-disk 0
 a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --experts "$T/pack" --expert-cache 200K 2>&1)
-b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --experts "$T/pack" --expert-cache 200K \
+b=$("$ENG" bench run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --experts "$T/pack" --expert-cache 200K \
     --sim-disk 0.05 --stats 2>"$T/err")
 [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "I/O bound .* at 0.050 GB/s (simulated disk)" "$T/err" && ok sim-disk \
     || bad sim-disk "'$a' / '$b' $(grep -i bound "$T/err")"
 # --teacher-force 0 is off: the model's own tokens (the drafters' baseline in bench)
 a=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids 2>&1)
-b=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 0 2>&1)
-c=$("$ENG" run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 5 2>&1)
+b=$("$ENG" bench run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 0 2>&1)
+c=$("$ENG" bench run --model "$MOE" --prompt-tokens 5,17,300 --max-new 12 --temp 0 --print-ids --teacher-force 5 2>&1)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && ok teacher-force-off || bad teacher-force-off "'$a' / '$b' / '$c'"
 if "$ENG" bench --model "$MOE" --random-prompt 8 --max-new 6 --teacher-force 0 --draft lookup >"$T/bench.json" 2>"$T/err"; then
     ok bench-draft-teacher-off

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test_replay.sh ENGINE - routing replay (--replay-routing, benchmarks only): a
+# test_replay.sh ENGINE - routing replay (`deltafin bench run --replay-routing`,
+# benchmarks and tests only): a
 # trace whose shape disagrees with the model is refused naming the file and the
 # field; the experts a run uses are exactly the trace's (read back from the heat
 # histogram the store persists next to the pack, which counts every use); output
@@ -31,12 +32,12 @@ trace "$T/layers.trace" 3 8 3 "0,1,2 3,4,5 5,6,7"
 trace "$T/experts.trace" 2 16 3 "0,1,2 3,4,5"
 trace "$T/topk.trace" 2 8 2 "0,1 3,4"
 
-RUN=(run --model "$M" --prompt-tokens 5,9,200,31 --max-new 4 --temp 0 --print-ids)
+RUN=(bench run --model "$M" --prompt-tokens 5,9,200,31 --max-new 4 --temp 0 --print-ids)
 expect_error mismatch-layers "layers.trace: moe_layers is 3 but the model has 2" "$ENG" "${RUN[@]}" --replay-routing "$T/layers.trace"
 expect_error mismatch-experts "experts.trace: experts_per_layer is 16 but the model has 8" "$ENG" "${RUN[@]}" --replay-routing "$T/experts.trace"
 expect_error mismatch-topk "topk.trace: top_k is 2 but the model has 3" "$ENG" "${RUN[@]}" --replay-routing "$T/topk.trace"
 expect_error missing-trace "no-such.trace" "$ENG" "${RUN[@]}" --replay-routing "$T/no-such.trace"
-expect_error dense-model "no routed experts" "$ENG" run --model "$DENSE" --prompt-tokens 1 --max-new 1 --replay-routing "$T/good.trace"
+expect_error dense-model "no routed experts" "$ENG" bench run --model "$DENSE" --prompt-tokens 1 --max-new 1 --replay-routing "$T/good.trace"
 expect_error serve-refuses "replay-routing is for benchmarks and tests only" "$ENG" serve --model "$M" --replay-routing "$T/good.trace"
 
 # The experts used, from the heat histogram written next to the pack on close.

@@ -38,7 +38,7 @@ $PY tools/gen_checkpoint.py --out "$MODEL" --arch qwen3_moe --vocab 151936 --hid
 # start_server LOG PORT ARGS... ; sets SPID; waits for /health
 start_server() {
     local log=$1 port=$2; shift 2
-    "$ENG" serve --model "$MODEL" --threads 2 --port "$port" "$@" >"$log" 2>&1 &
+    "$ENG" ${SERVE:-serve} --model "$MODEL" --threads 2 --port "$port" "$@" >"$log" 2>&1 &
     SPID=$!
     PIDS+=("$SPID")
     for _ in $(seq 150); do
@@ -441,7 +441,7 @@ PORT3=$((PORT + 2000))
 # never probes the target as its own draft, whose drafted tokens cost a step each)
 for draft in lookup "$MODEL"; do
     name=spec-self; [ "$draft" = lookup ] && name=spec-lookup
-    start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 --draft-fixed 3 || { bad "$name" "did not start"; continue; }
+    SERVE="bench serve" start_server "$T/s3.log" "$PORT3" --ctx 8192 --draft "$draft" --draft-k 6 --draft-fixed 3 || { bad "$name" "did not start"; continue; }
     S3=$SPID
     U3=http://127.0.0.1:$PORT3
     same=1
@@ -484,7 +484,7 @@ done
 # that seed (rejection sampling draws other uniforms: the flag is in force)
 seeded='{"model":"m","prompt":"Once upon a time","max_tokens":12,"temperature":1,"seed":7}'
 post /v1/completions "$seeded" >/dev/null; plain_seeded=$(jq_py 'd["choices"][0]["text"]')
-if start_server "$T/s4.log" "$PORT3" --ctx 8192 --draft "$MODEL" --draft-rejection --draft-fixed 2; then
+if SERVE="bench serve" start_server "$T/s4.log" "$PORT3" --ctx 8192 --draft "$MODEL" --draft-rejection --draft-fixed 2; then
     S4=$SPID
     U4=http://127.0.0.1:$PORT3
     curl -s -o "$T/body" -H 'Content-Type: application/json' "$U4/v1/completions" --data-binary "${spec_bodies[1]}"
@@ -504,6 +504,35 @@ fi
 "$ENG" serve --model "$MODEL" --port "$PORT3" --draft-rejection >"$T/bad4.out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--draft-rejection need --draft" "$T/bad4.out" && ok spec-rejection-needs-draft \
     || bad spec-rejection-needs-draft "$(cat "$T/bad4.out")"
+
+# ---- run's options as the server's defaults: a request without max_tokens or
+# temperature takes --max-new and --temp (the same answer as the plain server
+# gives a request that names them); one that names them keeps its own
+post /v1/completions '{"model":"m","prompt":"Once upon a time","max_tokens":3,"temperature":0}' >/dev/null
+want3=$(jq_py "$summary_py")
+post /v1/completions '{"model":"m","prompt":"Once upon a time","max_tokens":5,"temperature":0}' >/dev/null
+want5=$(jq_py "$summary_py")
+if start_server "$T/s6.log" "$PORT3" --ctx 4096 --max-new 3 --temp 0 --top-k 1 --min-p 0.01 --no-think --chunk 64; then
+    S6=$SPID
+    U6=http://127.0.0.1:$PORT3
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U6/v1/completions" \
+        --data-binary '{"model":"m","prompt":"Once upon a time"}'
+    got=$(jq_py "$summary_py")
+    [ -n "$got" ] && [ "$got" = "$want3" ] && ok serve-defaults || bad serve-defaults "$got vs $want3"
+    curl -s -o "$T/body" -H 'Content-Type: application/json' "$U6/v1/completions" \
+        --data-binary '{"model":"m","prompt":"Once upon a time","max_tokens":5,"temperature":0}'
+    got=$(jq_py "$summary_py")
+    [ -n "$got" ] && [ "$got" = "$want5" ] && ok serve-defaults-request-wins || bad serve-defaults-request-wins "$got vs $want5"
+    kill -TERM "$S6"; rc6=0; wait "$S6" || rc6=$?
+    PIDS=("${PIDS[@]/$S6}")
+    [ $rc6 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s6.log" && ok serve-defaults-shutdown \
+        || bad serve-defaults-shutdown "exit $rc6: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s6.log" | head -30)"
+else
+    bad serve-defaults "did not start"
+fi
+"$ENG" serve --model "$MODEL" --port "$PORT3" --chunk 0 >"$T/bad6.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--chunk expects an integer in 1..65536" "$T/bad6.out" && ok serve-chunk-range \
+    || bad serve-chunk-range "$(cat "$T/bad6.out")"
 
 # ---- metrics and clean shutdown (no leak or sanitizer report)
 curl -s "$U/metrics" >"$T/metrics"

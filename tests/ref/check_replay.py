@@ -4,7 +4,7 @@
 For each MoE model of the reference suite (norm_topk_prob on and off, MoE layers
 interleaved with dense ones), a seeded random trace of the model's shape (fewer
 tokens than the sequence, so it wraps around) goes through
-    ENGINE logits --model DIR --tokens ... --out FILE --replay-routing TRACE
+    ENGINE bench logits --model DIR --tokens ... --out FILE --replay-routing TRACE
 and through the reference with its router overridden the same way: row t of the
 sequence uses trace token t mod n_tokens; each replayed id is weighted by the
 router's own softmax probability for it, renormalised over the k ids when the
@@ -63,7 +63,7 @@ def write_trace(path, trace, n_experts, k):
 
 def engine_logits(engine, d, tokens, extra, tmp):
     out = os.path.join(tmp, "logits.bin")
-    cmd = [engine, "logits", "--model", d, "--tokens", ",".join(map(str, tokens)), "--out", out] + extra
+    cmd = [engine, "bench", "logits", "--model", d, "--tokens", ",".join(map(str, tokens)), "--out", out] + extra
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode:
         raise RuntimeError(f"exit {p.returncode}: {p.stderr.strip()[-300:]}")
