@@ -46,6 +46,7 @@ make -s B="$B" "$B/deltafin" "$B/bench_io"
 [ -f "$PACK/manifest.json" ] || "$B/deltafin" pack --model "$M" --out "$PACK"
 HEAT_TMP=$(mktemp -d)
 . bench/heat.sh
+. bench/lib.sh
 heat_keep "$HEAT_TMP" "$PACK"
 trap 'heat_reset; rm -rf "$HEAT_TMP"' EXIT
 arm_bin() { case $1 in *-other) echo "${OTHER:?arm $1 needs OTHER=binary}" ;; *) echo "$B/deltafin" ;; esac; }
@@ -72,7 +73,7 @@ for i in $(seq "$REPS"); do
         echo "$arm $BW" >>"$OUT/iobw.txt"
         heat_reset
         drop
-        "$(arm_bin "$arm")" run --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P16" \
+        dfrun "$(arm_bin "$arm")" --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P16" \
             --max-new "$NEW" --temp 0 --print-ids --teacher-force 7 --prefetch "${arm%-other}" --io-bw "$BW" \
             --events "$OUT/decode-$arm-$i.jsonl" >/dev/null 2>"$OUT/decode-$arm-$i.err"
         say "decode $arm rep $i: bw $BW GB/s: $(grep '"summary"' "$OUT/decode-$arm-$i.jsonl" | cut -c1-160)..."
@@ -85,7 +86,7 @@ for i in $(seq "$PREPS"); do
     for arm in $ARMS; do
         heat_reset
         drop
-        "$(arm_bin "$arm")" run --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P512" \
+        dfrun "$(arm_bin "$arm")" --model "$M" --experts "$PACK" "${MEM[@]}" --prompt-tokens "$P512" \
             --max-new 1 --temp 0 --print-ids --prefetch "${arm%-other}" --events "$OUT/prefill-$arm-$i.jsonl" \
             >/dev/null 2>"$OUT/prefill-$arm-$i.err"
     done
@@ -96,7 +97,7 @@ BW=$(iobw)
 echo "touched $BW" >>"$OUT/iobw.txt"
 drop
 # every expert the prompt touches, each read exactly once (a cache that holds them all)
-"$B/deltafin" run --model "$M" --experts "$PACK" ${SIM_GBS:+--sim-disk "$SIM_GBS"} --expert-cache "$((EXPERT_BYTES + EXPERT_BYTES / 4))" \
+dfrun "$B/deltafin" --model "$M" --experts "$PACK" ${SIM_GBS:+--sim-disk "$SIM_GBS"} --expert-cache "$((EXPERT_BYTES + EXPERT_BYTES / 4))" \
     --prompt-tokens "$P512" --max-new 1 --temp 0 --print-ids --prefetch off \
     --events "$OUT/touched.jsonl" >/dev/null 2>"$OUT/touched.err"
 # in-RAM compute: the checkpoint in the page cache, experts used in place

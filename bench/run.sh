@@ -7,6 +7,7 @@
 # Arms run interleaved; medians are reported. Results go to bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 B=${B:-build}
 REPS=${REPS:-3}
 OUT=bench/results/$(date +%Y-%m-%d)
@@ -95,7 +96,7 @@ for i in $(seq "$REPS"); do
         IOBW=$("$B/bench_io" -s "$RECORD" -d 8 -t 4 "$PACK/experts.bin" | awk '{print $2}')
         echo "$IOBW" >>"$EV/iobw.txt"
         drop
-        "$B/deltafin" run --model "$M" --prompt-tokens "$P16" --max-new "$NEW" --temp 0 --threads 2 \
+        dfrun "$B/deltafin" --model "$M" --prompt-tokens "$P16" --max-new "$NEW" --temp 0 --threads 2 \
             --print-ids --ram-budget "$BUDGET" --teacher-force 7 --io-bw "$IOBW" \
             --events "$EV/$arm-$i.jsonl" "${extra[@]}" >/dev/null 2>"$EV/$arm-$i.err" || {
             say "run failed: $(tail -1 "$EV/$arm-$i.err")"; continue; }

@@ -67,6 +67,7 @@ say() { echo "$*" | tee -a "$LOG"; }
 PACKS=()
 IFS=, read -r -a PACKS <<<"${EXPERTS:-}"
 . bench/heat.sh
+. bench/lib.sh
 heat_keep "$TMP" "${PACKS[@]}"
 trap 'heat_reset; rm -rf "$TMP"' EXIT
 say "# speculative decoding, $(date -u +%FT%TZ)"
@@ -77,7 +78,7 @@ for r in $(seq "$REPS"); do
         for a in "${ARMS[@]}"; do
             heat_reset
             # shellcheck disable=SC2046
-            "$(arm_bin "$a")" run "${common[@]}" --prompt "${PROMPTS[$pi]}" $(arm_opts "$a") \
+            dfrun "$(arm_bin "$a")" "${common[@]}" --prompt "${PROMPTS[$pi]}" $(arm_opts "$a") \
                 --events "$TMP/$pi-$a-$r.jsonl" >"$TMP/$pi-$a-$r.ids" 2>"$TMP/$pi-$a-$r.err" ||
                 { echo "run failed: $(tail -2 "$TMP/$pi-$a-$r.err")" >&2; exit 1; }
             if [ "$a" != plain ] && ! cmp -s "$TMP/$pi-plain-$r.ids" "$TMP/$pi-$a-$r.ids"; then
