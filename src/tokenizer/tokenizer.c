@@ -16,8 +16,9 @@
  * Plain spans (df_tokenizer_encode_spans, used for chat message content) switch
  * off special added tokens in steps 1-2 inside them; everything else runs over
  * the whole text as one string, so ids change only where special-token text
- * lies in a span. Encoding spans separately would not do: Qwen3's pre-tokenizer
- * joins "\n" + "\n\n" across the edge of "user\n" and content into one token.
+ * lies in a span. Encoding spans separately would not do: a pre-tokenizer whose
+ * pattern groups runs of newlines joins "\n" + "\n\n" across the edge of
+ * "user\n" and content into one token.
  * Internally everything is raw bytes: vocab strings are converted out of the
  * byte-level alphabet once at load, so encoding never maps characters.
  *

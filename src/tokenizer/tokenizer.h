@@ -32,7 +32,7 @@ typedef struct df_text_span {
  * are ignored) the text of a special added token ("special": true in
  * tokenizer.json: <|im_start|>, <|im_end|>, <|endoftext|>...) is ordinary text,
  * and no special token reaching into a span is matched. Non-special added tokens
- * (Qwen3's <think>, <tool_call>...) are matched everywhere, as Hugging Face does
+ * (a chat model's <think>, <tool_call>...) are matched everywhere, as Hugging Face does
  * with split_special_tokens. The text is still encoded as one string, so the ids
  * equal df_tokenizer_encode's whenever no special-token text lies in a span. */
 int df_tokenizer_encode_spans(const df_tokenizer *t, const char *text, size_t len,
