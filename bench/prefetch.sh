@@ -13,7 +13,7 @@
 # env:   REPS (3), NEW (48), BUDGET (2G), ARMS ("on off"), PROMPT_LEN (512), B (build),
 #        CACHE (size the expert cache directly instead of BUDGET, for small models),
 #        SKIP_PREFILL=1, SIM_GBS (read the pack through a simulated disk of that
-#        bandwidth, `run --sim-disk`: a known, constant bandwidth for the bound),
+#        bandwidth, `bench run --sim-disk`: a known, constant bandwidth for the bound),
 #        OTHER (another deltafin binary, e.g. an older build: an arm named
 #        MODE-other runs it with --prefetch MODE), OUT (results directory),
 #        SUMMARY_ONLY=1 (only summarise the runs already in OUT)

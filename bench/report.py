@@ -37,7 +37,7 @@ def derive(r):
     mbw = r.get("membw_gbs", membw)
     bound = bw * 1e9 / bpt if bpt > 0 else 0.0
     if r["section"].startswith("bound"):
-        # a simulated disk (deltafin run --sim-disk): its bandwidth is the
+        # a simulated disk (deltafin bench run --sim-disk): its bandwidth is the
         # bound's, and the engine's own count of missed bytes (what the tokens
         # needed; a wrong prediction's read is waste, not need) its bytes
         bw, bpt = r.get("sim_disk_gbs", r.get("io_bw_gbs", 0)), r["bytes_missed_per_token"]

@@ -103,7 +103,7 @@ def parse_args(argv):
                         "(GB/s; for benchmark checkpoints, not for correctness tests)")
     p.add_argument("--match-trace", metavar="TRACE",
                    help="shape the MoE layers after a routing trace (# moe-routing-trace v1) so "
-                        "`deltafin run --replay-routing TRACE` accepts it: --experts, --top-k and "
+                        "`deltafin bench run --replay-routing TRACE` accepts it: --experts, --top-k and "
                         "--layers from its header; model layers before the trace's first MoE layer "
                         "(\"model layers a..b\") become dense via mlp_only_layers")
     p.add_argument("--out", required=True)
