@@ -70,21 +70,11 @@ void df_engine_prefault(const df_model *m, bool experts_too, const bool *done) {
 
 /* ---- 2 MiB mappings for resident weights ---------------------------------------- */
 
-/* Decode streams ~1.5 GB of weights per token, mostly in 3 MB expert matrices
- * at scattered places, so every 4 KiB page costs a TLB miss when the weights
- * are mapped with 4 KiB entries (and under a hypervisor each miss walks two
- * levels of page tables). Measured on this project's VM, one thread reading
- * random 3 MB chunks of a mapped checkpoint: 22-23 GB/s when the page cache
- * held it in small folios, 31-34 GB/s when its folios were 2 MiB and mapped by
- * PMDs (FilePmdMapped in /proc/self/smaps). Which folios the page cache holds
- * depends on how the file was last read (random pread()s, e.g. of the
- * page-cache expert streamer, leave small ones), not on the engine. So, for
- * weights that stay resident: ask for huge pages on the mappings, and where a
- * file is nonetheless mostly mapped by small pages, drop our mapping and the
- * file's page cache and read it back as 2 MiB folios: a one-off re-read from
- * storage (pages another process maps stay as they are).
- * A probe on one 2 MiB chunk first checks that this kernel and file system
- * can do it at all, so that a system without file THP never re-reads. */
+/* Resident weights want 2 MiB mappings (TLB misses cost about a third of the
+ * read rate; docs/architecture.md, "Residency"): ask for huge pages, and where
+ * a file is nonetheless mostly mapped by small pages, drop our mapping and its
+ * page cache and read it back as 2 MiB folios, after a probe on one chunk
+ * shows this kernel and file system can do it at all. */
 
 typedef struct span { uintptr_t lo, hi; } span;
 

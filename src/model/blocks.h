@@ -75,7 +75,7 @@ void df_swiglu(df_pool *p, const df_wview *gate, const df_wview *up, const df_wv
 /* ---- mixture of experts -------------------------------------------------------------- */
 
 /* Softmax over E router logits (float), top-k by probability (ties: lower id),
- * optionally renormalised to sum to one, as Hugging Face's Qwen3-MoE block.
+ * optionally renormalised to sum to one (config.json norm_topk_prob).
  * forced (routing replay): these ids instead, each weighted by the router's
  * own probability for it, renormalised the same way. */
 void df_route_softmax_topk(const float *logits, int E, int K, bool norm, int *sel, float *w,
