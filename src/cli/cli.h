@@ -134,8 +134,5 @@ int cli_cache_sim_main(int argc, char **argv);
 int cli_run(cli_args *a, const cli_dev *dev);
 int cli_logits(cli_args *a, const cli_dev *dev);
 int cli_serve(cli_args *a, const cli_dev *dev);
-/* checks across options, after parsing */
-void cli_run_check(cli_args *a, const cli_dev *dev);
-void cli_serve_check(cli_args *a);
 
 #endif

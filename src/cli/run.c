@@ -159,7 +159,8 @@ static void run_step(void *u, int tokens, double secs) {
 }
 
 
-void cli_run_check(cli_args *a, const cli_dev *dev) {
+/* Checks across options, after parsing; the arm's defaults. */
+static void run_check(cli_args *a, const cli_dev *dev) {
     if (dev && dev->arm) {
         if (!a->random_prompt && !a->prompt && !a->prompt_tokens) a->random_prompt = 512;
         if (!a->teacher_set && !a->draft) a->teacher_seed = 7; /* drafts need the model's own tokens */
@@ -224,7 +225,7 @@ static void run_reports(const cli_args *a, const cli_dev *dev, run_state *rs, co
 }
 
 int cli_run(cli_args *a, const cli_dev *dev) {
-    cli_run_check(a, dev);
+    run_check(a, dev);
     df_engine *e = cli_open_engine(a, dev);
     const df_model_info *info = df_engine_info(e);
     df_error err;

@@ -171,6 +171,28 @@ static json_t *final_response(const job *j) {
                      srv_usage_obj(j->prompt_tokens, j->completion_tokens));
 }
 
+/* Waits, under mu, until j's response can start (streaming) or is complete;
+ * false (j given up, mu released) when the server stops or the client left. */
+static bool wait_for(conn *c, job *j) {
+    for (;;) {
+        enum job_state st = j->state;
+        if (st == J_FAILED || st == J_DONE || (st == J_STARTED && j->req.stream)) return true;
+        bool gone = g_srv.stopping;
+        if (!gone) {
+            srv_timed_wait(&j->cv);
+            pthread_mutex_unlock(&g_srv.mu);
+            gone = peer_gone(c->mc, c);
+            pthread_mutex_lock(&g_srv.mu);
+        }
+        if (gone) {
+            srv_abandon(j);
+            srv_job_release(j);
+            pthread_mutex_unlock(&g_srv.mu);
+            return false;
+        }
+    }
+}
+
 static enum MHD_Result handle_generate(conn *c) {
     srv_error e;
     job *j = calloc(1, sizeof *j);
@@ -195,27 +217,7 @@ static enum MHD_Result handle_generate(conn *c) {
         return send_error(c, 429, "rate_limit_error", NULL, "the server is busy: the request queue is full",
                           "1");
     }
-    /* wait until the response can start (streaming) or is complete */
-    for (;;) {
-        enum job_state st = j->state;
-        if (st == J_FAILED || st == J_DONE || (st == J_STARTED && j->req.stream)) break;
-        if (g_srv.stopping) {
-            srv_abandon(j);
-            srv_job_release(j);
-            pthread_mutex_unlock(&g_srv.mu);
-            return MHD_NO;
-        }
-        srv_timed_wait(&j->cv);
-        pthread_mutex_unlock(&g_srv.mu);
-        bool gone = peer_gone(c->mc, c);
-        pthread_mutex_lock(&g_srv.mu);
-        if (gone) {
-            srv_abandon(j);
-            srv_job_release(j);
-            pthread_mutex_unlock(&g_srv.mu);
-            return MHD_NO;
-        }
-    }
+    if (!wait_for(c, j)) return MHD_NO;
     if (j->state == J_FAILED) {
         int status = j->status;
         char *body = j->err_body;
