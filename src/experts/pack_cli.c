@@ -1,7 +1,7 @@
 /*
  * pack_cli.c - `deltafin pack`: writes a checkpoint's routed experts into a pack
  * (one --out directory per drive) or verifies an existing pack. Argument
- * parsing and messages only; the work is in pack.c.
+ * parsing and messages only; the work is in pack_write.c and pack_verify.c.
  *
  * Exit codes: 0 success (including "already up to date"), 2 bad input or a
  * failure the message explains, 1 out of memory.
@@ -44,10 +44,12 @@ static int fail(const df_error *e) {
     return e->code == DF_ERR_NOMEM ? 1 : 2;
 }
 
+#ifdef DF_TEST_HOOKS
 static long env_long(const char *name) {
     const char *v = getenv(name);
     return v && *v ? strtol(v, NULL, 10) : 0;
 }
+#endif
 
 /* "--flag VALUE" or "--flag=VALUE"; *i advances past what was used. */
 static const char *value(int argc, char **argv, int *i, const char *flag) {
@@ -125,10 +127,12 @@ int df_pack_main(int argc, char **argv) {
     df_pack_write_opts o = {0};
     o.progress = !quiet && isatty(2);
     o.log = stderr;
-    /* test hooks for the command-line tests; see df_pack_write_opts */
+#ifdef DF_TEST_HOOKS
+    /* test hooks for the command-line tests (test build only); see df_pack_write_opts */
     o.stop_after_records = (int)env_long("DF_PACK_TEST_STOP_AFTER");
     o.checkpoint_every_records = (int)env_long("DF_PACK_TEST_CHECKPOINT_EVERY");
     o.fail_enospc_after_bytes = (uint64_t)env_long("DF_PACK_TEST_ENOSPC_AFTER");
+#endif
     df_pack_write_result res;
     if (df_pack_write(model, outs, n_out, &o, &res, &err)) {
         rc = fail(&err);
