@@ -228,7 +228,7 @@ static int fp_tensor_samples(XXH3_state_t *st, const df_st *sf, const df_tensor 
  * differ here, at the cost of a few small reads instead of hashing every byte.
  * Read with pread(), not through a mapping: a touched page of the mapping
  * (and the fault-around pages next to it) would stay in the RSS, which a
- * streaming budget does not count (docs/budget.md). */
+ * streaming budget does not count (docs/pack-format.md). */
 static int fp_samples(XXH3_state_t *st, const df_pack_ckpt *ck, df_error *err) {
     const df_config *c = ck->cfg;
     int np = ck->inv->layout->n_parts;

@@ -1,5 +1,5 @@
 /*
- * fuzz_pack.c - libFuzzer target for expert-pack manifests (src/experts/pack.c),
+ * fuzz_pack.c - libFuzzer target for expert-pack manifests (src/experts/pack_format.c),
  * through `deltafin pack --verify`'s entry point. The input is written as a pack
  * directory's manifest.json next to an experts.bin of zeros (data_bytes long when
  * the input says so and that is at most 4 MiB, else 64 KiB), and the pack is
