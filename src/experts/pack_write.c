@@ -32,7 +32,6 @@
 
 /* ---- progress bar -------------------------------------------------------------- */
 
-
 void pk_bar_init(pk_bar *b, bool on, const char *label, uint64_t total, uint64_t start) {
     b->on = on;
     b->label = label;
