@@ -9,6 +9,7 @@
 
 #include "experts/pack.h"
 #include "cli/cli.h" /* the command-line tests: cli/pack.c, cli/cachesim.c */
+#include "model/model.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,9 @@
 static char g_root[256];
 static char g_model[512];
 static df_model g_m;
+static df_pack_ckpt g_ck; /* g_m as the pack sees it */
+
+static df_pack_ckpt ckpt_of(const df_model *m) { return (df_pack_ckpt){NULL, &m->cfg, m->st, &m->experts}; }
 
 static const char *tmp(const char *name) {
     static char bufs[16][600];
@@ -87,7 +91,7 @@ static void pack_ok(const char *const *dirs, int n) {
 static void check_all_records(const char *const *dirs, int n) {
     df_pack *p;
     df_error e = {0};
-    int rc = df_pack_open(&p, dirs, n, &g_m, &e);
+    int rc = df_pack_open(&p, dirs, n, &g_ck, &e);
     if (rc) fail_msg("open: %s", e.msg);
     assert_int_equal(df_pack_stripes(p), n);
     assert_int_equal(df_pack_count(p), 16);
@@ -115,13 +119,17 @@ static void check_all_records(const char *const *dirs, int n) {
             rc = df_pack_read_record(p, r, buf, &e);
             if (rc) fail_msg("read layer %d expert %d: %s", li, ex, e.msg);
             uint64_t off = 0;
-            for (int k = 0; k < 3; k++) {
+            assert_int_equal(r->n_parts, 3);
+            assert_int_equal(r->n_parts, g_m.experts.layout->n_parts);
+            for (int k = 0; k < r->n_parts; k++) {
                 const df_tensor *w = df_expert_part(&g_m.experts, li, ex, k);
+                assert_string_equal(r->part[k].name, g_m.experts.layout->part[k]);
                 assert_int_equal(r->part[k].offset, off);
                 assert_int_equal(r->part[k].nbytes, w->nbytes);
                 assert_int_equal(r->part[k].dtype, w->dtype);
-                assert_int_equal(r->part[k].rows, w->shape[0]);
-                assert_int_equal(r->part[k].cols, w->shape[1]);
+                assert_int_equal(r->part[k].ndim, 2);
+                assert_int_equal(r->part[k].shape[0], w->shape[0]);
+                assert_int_equal(r->part[k].shape[1], w->shape[1]);
                 assert_memory_equal(buf + off, w->data, w->nbytes);
                 off += w->nbytes;
             }
@@ -197,7 +205,7 @@ static void test_direct_or_buffered(void **st) {
     const char *d[1] = {tmp("rta-0")};
     df_pack *p;
     df_error e;
-    assert_int_equal(df_pack_open(&p, d, 1, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d, 1, &g_ck, &e), 0);
     /* either is fine; the answer must match the descriptor's flags */
     int fl = fcntl(df_pack_fd(p, 0), F_GETFL);
     assert_int_equal(df_pack_is_direct(p, 0), (fl & O_DIRECT) != 0);
@@ -219,9 +227,9 @@ static void test_corrupt(void **st) {
     pack_ok(d1, 1);
     df_pack *p;
     df_error e = {0};
-    assert_int_equal(df_pack_open(&p, d1, 1, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d1, 1, &g_ck, &e), 0);
     const df_pack_record *r = df_pack_find(p, 2, 3);
-    uint64_t off = r->offset + r->part[DF_PACK_UP].offset + 77;
+    uint64_t off = r->offset + r->part[g_m.experts.layout->mat[DF_XM_UP].values].offset + 77;
     df_pack_close(p);
     flip(d1[0], "experts.bin", off);
 
@@ -231,7 +239,7 @@ static void test_corrupt(void **st) {
     snprintf(want, sizeof want, "pack %s: layer 2 expert 3: checksum mismatch", d1[0]);
     assert_string_equal(e.msg, want);
 
-    assert_int_equal(df_pack_open(&p, d1, 1, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d1, 1, &g_ck, &e), 0);
     uint8_t *buf = aligned_alloc(DF_PACK_ALIGN, df_pack_max_padded(p));
     rc = df_pack_read_record(p, df_pack_find(p, 2, 3), buf, &e);
     expect_err(rc, &e, "layer 2 expert 3: checksum mismatch", d1[0]);
@@ -240,7 +248,7 @@ static void test_corrupt(void **st) {
     df_pack_close(p);
 
     /* two bad records: the first is named, the count given */
-    assert_int_equal(df_pack_open(&p, d1, 1, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d1, 1, &g_ck, &e), 0);
     r = df_pack_find(p, 0, 1);
     off = r->offset + 5;
     df_pack_close(p);
@@ -255,7 +263,7 @@ static void test_corrupt_striped(void **st) {
     pack_ok(d, 2);
     df_pack *p;
     df_error e = {0};
-    assert_int_equal(df_pack_open(&p, d, 2, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d, 2, &g_ck, &e), 0);
     const df_pack_record *r = df_pack_find(p, 0, 6);
     uint64_t sb = df_pack_stripe_bytes(r, 2);
     assert_true(r->length > sb); /* the flipped byte is real data in stripe 1 */
@@ -271,7 +279,7 @@ static void test_corrupt_striped(void **st) {
 
     /* padding only: the record reads fine, verify still reports the stripe */
     flip(d[1], "experts.bin", pad_off);
-    assert_int_equal(df_pack_open(&p, d, 2, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d, 2, &g_ck, &e), 0);
     uint8_t *buf = aligned_alloc(DF_PACK_ALIGN, df_pack_max_padded(p));
     assert_int_equal(df_pack_read_record(p, df_pack_find(p, 0, 6), buf, &e), 0);
     free(buf);
@@ -326,7 +334,7 @@ static void test_resume(void **st) {
         assert_true(file_exists(d[i], "progress"));
     }
     df_pack *p;
-    rc = df_pack_open(&p, d, 2, &g_m, &e);
+    rc = df_pack_open(&p, d, 2, &g_ck, &e);
     expect_err(rc, &e, "unfinished pack", d[0]);
     rc = df_pack_verify(d, 2, &e);
     expect_err(rc, &e, "unfinished pack", NULL);
@@ -393,7 +401,7 @@ static void test_resume_in_finish(void **st) {
         df_pack_write_result res;
         expect_err(pack_into(d, 2, &o, &res, &e), &e, "renames (test hook)", NULL);
         df_pack *p;
-        int rc = df_pack_open(&p, d, 2, &g_m, &e);
+        int rc = df_pack_open(&p, d, 2, &g_ck, &e);
         if (k < 4) {
             expect_err(rc, &e, "no manifest.json", "unfinished pack");
         } else {
@@ -469,7 +477,8 @@ static void test_other_model(void **st) {
     df_model vm;
     assert_int_equal(df_model_load(&vm, var, &e), 0);
     df_pack *p;
-    rc = df_pack_open(&p, d, 1, &vm, &e);
+    df_pack_ckpt vck = ckpt_of(&vm);
+    rc = df_pack_open(&p, d, 1, &vck, &e);
     expect_err(rc, &e, "built from a different model", d[0]);
     df_model_free(&vm);
 
@@ -493,10 +502,11 @@ static void test_other_model(void **st) {
     char fa[DF_PACK_FP_HEX + 1], fb[DF_PACK_FP_HEX + 1];
     df_model m2;
     assert_int_equal(df_model_load(&m2, var2, &e), 0);
-    assert_int_equal(df_pack_fingerprint(&g_m, NULL, fa, &e), 0);
-    assert_int_equal(df_pack_fingerprint(&m2, NULL, fb, &e), 0);
+    df_pack_ckpt ck2 = ckpt_of(&m2);
+    assert_int_equal(df_pack_fingerprint(&g_ck, fa, &e), 0);
+    assert_int_equal(df_pack_fingerprint(&ck2, fb, &e), 0);
     assert_string_not_equal(fa, fb);
-    rc = df_pack_open(&p, d, 1, &m2, &e);
+    rc = df_pack_open(&p, d, 1, &ck2, &e);
     expect_err(rc, &e, "different model", NULL);
     df_model_free(&m2);
 }
@@ -509,31 +519,31 @@ static void test_open_errors(void **st) {
     df_pack *p = NULL;
     int rc;
     const char *missing[1] = {tmp("no-such-dir")};
-    rc = df_pack_open(&p, missing, 1, &g_m, &e);
+    rc = df_pack_open(&p, missing, 1, &g_ck, &e);
     expect_err(rc, &e, "directory not found", missing[0]);
     rc = df_pack_verify(missing, 1, &e);
     expect_err(rc, &e, "directory not found", NULL);
 
     const char *empty[1] = {tmp("empty-dir")};
     mkdir(empty[0], 0777);
-    rc = df_pack_open(&p, empty, 1, &g_m, &e);
+    rc = df_pack_open(&p, empty, 1, &g_ck, &e);
     expect_err(rc, &e, "no manifest.json", "not a deltafin pack");
 
     /* one stripe of a 2-stripe pack */
     const char *b[2] = {tmp("rtb-0"), tmp("rtb-1")};
-    rc = df_pack_open(&p, b, 1, &g_m, &e);
+    rc = df_pack_open(&p, b, 1, &g_ck, &e);
     expect_err(rc, &e, "2-stripe pack", "1 directory was given");
     /* the same directory twice */
     const char *twice[2] = {b[0], b[0]};
-    rc = df_pack_open(&p, twice, 2, &g_m, &e);
+    rc = df_pack_open(&p, twice, 2, &g_ck, &e);
     expect_err(rc, &e, "holds stripe 0, and so does", NULL);
     /* stripe 0 of one set with stripe 1 of another */
     const char *mixed[2] = {b[0], tmp("res-1")};
-    rc = df_pack_open(&p, mixed, 2, &g_m, &e);
+    rc = df_pack_open(&p, mixed, 2, &g_ck, &e);
     expect_err(rc, &e, "belongs to a different pack", NULL);
     /* 3-stripe pack given 2 */
     const char *c[2] = {tmp("rtc-0"), tmp("rtc-2")};
-    rc = df_pack_open(&p, c, 2, &g_m, &e);
+    rc = df_pack_open(&p, c, 2, &g_ck, &e);
     expect_err(rc, &e, "3-stripe pack", NULL);
     assert_null(p);
 }
@@ -558,7 +568,7 @@ static void test_truncated(void **st) {
     df_error e = {0};
     df_pack *p;
     /* truncated after opening: the read fails cleanly */
-    assert_int_equal(df_pack_open(&p, d, 1, &g_m, &e), 0);
+    assert_int_equal(df_pack_open(&p, d, 1, &g_ck, &e), 0);
     assert_int_equal(truncate(path, 5 * 28672 + 1000), 0);
     uint8_t *buf = aligned_alloc(DF_PACK_ALIGN, df_pack_max_padded(p));
     int rc = df_pack_read_record(p, df_pack_at(p, 9), buf, &e);
@@ -569,13 +579,13 @@ static void test_truncated(void **st) {
     free(buf);
     df_pack_close(p);
     /* truncated before: refused at open, and by verify */
-    rc = df_pack_open(&p, d, 1, &g_m, &e);
+    rc = df_pack_open(&p, d, 1, &g_ck, &e);
     expect_err(rc, &e, "experts.bin is 144360 bytes", "truncated");
     rc = df_pack_verify(d, 1, &e);
     expect_err(rc, &e, "truncated", NULL);
     /* missing data file */
     unlink(path);
-    rc = df_pack_open(&p, d, 1, &g_m, &e);
+    rc = df_pack_open(&p, d, 1, &g_ck, &e);
     expect_err(rc, &e, "experts.bin is missing", NULL);
 }
 
@@ -599,12 +609,14 @@ static void test_bad_manifest(void **st) {
     int rc;
 
     write_text(d[0], "manifest.json", "{\"format\": \"deltafin-pack\", ");
-    expect_err(df_pack_open(&p, d, 1, &g_m, &e), &e, "not valid JSON", NULL);
+    expect_err(df_pack_open(&p, d, 1, &g_ck, &e), &e, "not valid JSON", NULL);
     write_text(d[0], "manifest.json", "[1,2,3]");
-    expect_err(df_pack_open(&p, d, 1, &g_m, &e), &e, "not a deltafin pack manifest", NULL);
+    expect_err(df_pack_open(&p, d, 1, &g_ck, &e), &e, "not a deltafin pack manifest", NULL);
 
     struct { const char *from, *to, *want; } cases[] = {
-        {"\"version\": 1", "\"version\": 2", "format version 2"},
+        {"\"version\": 2", "\"version\": 3", "format version 3"},
+        {"\"version\": 2", "\"version\": 0", "format version 0"},
+        {"\"version\": 2", "\"version\": 1", "malformed"}, /* a version-2 record table */
         {"\"stripes\": 1", "\"stripes\": 0", "'stripes'"},
         {"\"align\": 4096", "\"align\": 512", "'align'"},
         {"[0, 1, 28672, 27648", "[0, 1, 28673, 27648", "not a multiple of 4096"},
@@ -615,6 +627,11 @@ static void test_bad_manifest(void **st) {
         {"[0, 1, 28672, 27648", "[7, 1, 28672, 27648", "malformed"},
         {"\"BF16\", [48, 96], 9216]", "\"BF16\", [48, 96], 9217]", "malformed"},
         {"\"BF16\", [48, 96], 9216]", "\"Q4\", [48, 96], 9216]", "malformed"},
+        {"\"BF16\", [48, 96], 9216]", "\"BF16\", [48, 96, 1, 1, 1], 9216]", "malformed"},
+        {"\"BF16\", [48, 96], 9216]", "\"BF16\", [], 9216]", "malformed"},
+        {"[[\"gate_proj.weight\"", "[[\"\"", "malformed"},
+        {"[[\"gate_proj.weight\"", "[[7", "malformed"},
+        {", [[\"gate_proj.weight\"", ", [], [[\"gate_proj.weight\"", "malformed"},
         {"\"fingerprint\": \"", "\"fingerprint\": \"zz", "'fingerprint'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -627,10 +644,29 @@ static void test_bad_manifest(void **st) {
         memcpy(t + pre + tl, s + fl, len - pre - fl + 1);
         write_text(d[0], "manifest.json", t);
         free(t);
-        rc = df_pack_open(&p, d, 1, &g_m, &e);
+        rc = df_pack_open(&p, d, 1, &g_ck, &e);
         expect_err(rc, &e, cases[i].want, d[0]);
         rc = df_pack_open(&p, d, 1, NULL, &e);
         expect_err(rc, &e, cases[i].want, NULL);
+    }
+    /* a part named otherwise than the model's layout names it: well-formed,
+     * but not this model's */
+    {
+        const char *from = "[[\"gate_proj.weight\"", *to = "[[\"w1.weight\"";
+        char *s = strstr(orig, from);
+        assert_non_null(s);
+        size_t pre = (size_t)(s - orig), fl = strlen(from), tl = strlen(to);
+        char *t = malloc(len + tl + 1);
+        memcpy(t, orig, pre);
+        memcpy(t + pre, to, tl);
+        memcpy(t + pre + tl, s + fl, len - pre - fl + 1);
+        write_text(d[0], "manifest.json", t);
+        free(t);
+        rc = df_pack_open(&p, d, 1, &g_ck, &e);
+        expect_err(rc, &e, "part 0 is 'w1.weight', the model's is 'gate_proj.weight'", d[0]);
+        rc = df_pack_open(&p, d, 1, NULL, &e);
+        if (rc) fail_msg("open without the model: %s", e.msg);
+        df_pack_close(p);
     }
     /* a damaged manifest is not overwritten by pack either */
     write_text(d[0], "manifest.json", "[1,2,3]");
@@ -763,7 +799,7 @@ static void test_tmpfs_and_buffered(void **st) {
     copy_pack(tmp("rta-0"), d[0]);
     df_pack *p;
     df_error e = {0};
-    int rc = df_pack_open(&p, d, 1, &g_m, &e);
+    int rc = df_pack_open(&p, d, 1, &g_ck, &e);
     bool consistent = rc == 0 &&
                       df_pack_is_direct(p, 0) == ((fcntl(df_pack_fd(p, 0), F_GETFL) & O_DIRECT) != 0);
     if (rc == 0) df_pack_close(p);
@@ -771,7 +807,7 @@ static void test_tmpfs_and_buffered(void **st) {
     int vrc = rc == 0 ? df_pack_verify(d, 1, &ve) : -1;
     setenv("DF_PACK_BUFFERED", "1", 1);
     df_error be = {0};
-    int brc = df_pack_open(&p, d, 1, &g_m, &be);
+    int brc = df_pack_open(&p, d, 1, &g_ck, &be);
     bool buffered = brc == 0 && !df_pack_is_direct(p, 0) &&
                     !(fcntl(df_pack_fd(p, 0), F_GETFL) & O_DIRECT);
     if (brc == 0) df_pack_close(p);
@@ -849,6 +885,7 @@ static int setup(void **st) {
                 "DF_TEST_MODELS): %s\n", g_model, e.msg);
         return -1;
     }
+    g_ck = ckpt_of(&g_m);
     const char *t = getenv("TMPDIR");
     snprintf(g_root, sizeof g_root, "%s/df-pack-test-XXXXXX", t && *t ? t : "/tmp");
     if (!mkdtemp(g_root)) return -1;

@@ -23,9 +23,12 @@ grep -q ' avx2 ' /proc/cpuinfo && isas+=(avx2)
 grep -q ' avx512f ' /proc/cpuinfo && isas+=(avx512)
 same=0 differ=0
 run() { # name args...
-    local name=$1; shift
-    "$OLD" logits "$@" --out "$T/old.f32" >"$T/old.err" 2>&1; local a=$?
-    "$NEW" logits "$@" --out "$T/new.f32" >"$T/new.err" 2>&1; local b=$?
+    run_packs "$1" "" "" "${@:2}"
+}
+run_packs() { # name OLD-PACK NEW-PACK args...: each build streams from its pack ("": none)
+    local name=$1 op=$2 np=$3; shift 3
+    "$OLD" logits "$@" ${op:+--experts "$op"} --out "$T/old.f32" >"$T/old.err" 2>&1; local a=$?
+    "$NEW" logits "$@" ${np:+--experts "$np"} --out "$T/new.f32" >"$T/new.err" 2>&1; local b=$?
     if [ $a -ne 0 ] || [ $b -ne 0 ]; then
         echo "DIFFER $name: exit $a / $b: $(tail -1 "$T/old.err") | $(tail -1 "$T/new.err")"; differ=$((differ + 1))
     elif cmp -s "$T/old.f32" "$T/new.f32"; then
@@ -43,9 +46,14 @@ for m in "${models[@]}"; do
         run "$n $isa batch 7 threads 1" --model "$m" --tokens "$toks" --isa "$isa" --threads 1 --batch 7
     done
     if grep -q '"num_experts": *[1-9]' "$m/config.json"; then
-        rm -rf "$T/pack"
-        if "$NEW" pack --model "$m" --out "$T/pack" >/dev/null 2>&1; then
-            run "$n pack cache 1M" --model "$m" --tokens "$toks" --experts "$T/pack" --expert-cache 1M --batch 5
+        # Each build streams from the pack it writes; the new one also from the old one's
+        # (an older pack format must stay readable).
+        rm -rf "$T/pack" "$T/pack-new"
+        if "$OLD" pack --model "$m" --out "$T/pack" >/dev/null 2>&1 &&
+            "$NEW" pack --model "$m" --out "$T/pack-new" >/dev/null 2>&1; then
+            run_packs "$n pack cache 1M" "$T/pack" "$T/pack-new" --model "$m" --tokens "$toks" \
+                --expert-cache 1M --batch 5
+            run "$n old pack cache 1M" --model "$m" --tokens "$toks" --experts "$T/pack" --expert-cache 1M --batch 5
         fi
         run "$n safetensors budget" --model "$m" --tokens "$toks" --ram-budget 2G --batch 3
     fi

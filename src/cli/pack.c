@@ -1,7 +1,7 @@
 /*
  * cli/pack.c - `deltafin pack`: writes a checkpoint's routed experts into a
  * pack (one --out directory per drive) or verifies an existing pack. Options
- * and messages only; the work is in experts/pack.c.
+ * and messages only; the work is in experts/pack_write.c and pack_verify.c.
  *
  * Exit codes: 0 success (including "already up to date"), 2 bad input or a
  * failure the message explains, 1 out of memory.
@@ -69,10 +69,12 @@ static int fail(const df_error *e) {
     return e->code == DF_ERR_NOMEM ? 1 : 2;
 }
 
+#ifdef DF_TEST_HOOKS
 static long env_long(const char *name) {
     const char *v = getenv(name);
     return v && *v ? strtol(v, NULL, 10) : 0;
 }
+#endif
 
 /* What the options say together; nonzero: said why. */
 static int check(const pack_args *p) {
@@ -109,10 +111,12 @@ static int write_pack(const pack_args *p) {
     df_pack_write_opts o = {0};
     o.progress = !p->quiet && isatty(2);
     o.log = stderr;
-    /* test hooks for the command-line tests; see df_pack_write_opts */
+#ifdef DF_TEST_HOOKS
+    /* test hooks for the command-line tests (test build only); see df_pack_write_opts */
     o.stop_after_records = (int)env_long("DF_PACK_TEST_STOP_AFTER");
     o.checkpoint_every_records = (int)env_long("DF_PACK_TEST_CHECKPOINT_EVERY");
     o.fail_enospc_after_bytes = (uint64_t)env_long("DF_PACK_TEST_ENOSPC_AFTER");
+#endif
     df_pack_write_result res;
     df_error err = {0};
     if (df_pack_write(p->model, p->outs, p->n_out, &o, &res, &err)) return fail(&err);

@@ -8,14 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static void fmt_bytes(char *buf, size_t n, uint64_t b) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int i = 0;
-    while (v >= 1024 && i < 4) { v /= 1024; i++; }
-    snprintf(buf, n, "%.2f %s", v, u[i]);
-}
-
 /* "model.layers.3.mlp.experts.*": the name of layer li's experts up to where
  * expert ids differ in it (the architecture's naming, whatever it is). */
 static void expert_group_name(const df_config *c, int li, char *out, size_t n) {
@@ -33,7 +25,7 @@ static void expert_group_name(const df_config *c, int li, char *out, size_t n) {
 
 static void print_expert_group(const df_config *c, FILE *f, int li, int count, uint64_t bytes) {
     char b[32], name[300];
-    fmt_bytes(b, sizeof b, bytes);
+    df_fmt_bytes_iec(b, sizeof b, bytes);
     expert_group_name(c, li, name, sizeof name);
     fprintf(f, "  %s  %d tensors  %s\n", name, count, b);
 }
@@ -90,9 +82,9 @@ void df_engine_inspect(const df_engine *e, FILE *f) {
             df_st_file_count(m->st) == 1 ? "" : "s");
     inspect_tensors(m, f);
     char a[32], d[32], x[32];
-    fmt_bytes(a, sizeof a, m->bytes_total);
-    fmt_bytes(d, sizeof d, m->bytes_dense);
-    fmt_bytes(x, sizeof x, m->bytes_experts);
+    df_fmt_bytes_iec(a, sizeof a, m->bytes_total);
+    df_fmt_bytes_iec(d, sizeof d, m->bytes_dense);
+    df_fmt_bytes_iec(x, sizeof x, m->bytes_experts);
     fprintf(f, "\nbytes: total %s (%llu), always-active %s (%llu), routed experts %s (%llu)\n", a,
             (unsigned long long)m->bytes_total, d, (unsigned long long)m->bytes_dense, x,
             (unsigned long long)m->bytes_experts);

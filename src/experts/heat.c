@@ -157,17 +157,6 @@ static double getf64(const unsigned char *p) {
     return d;
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n) {
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int df_heat_save(const df_heat *h, const char *path, df_error *err) {
     size_t nk = (size_t)h->n_layers * (size_t)h->n_experts;
     size_t size = HEAT_HDR + nk * 8 + 4;
@@ -192,8 +181,9 @@ int df_heat_save(const df_heat *h, const char *path, df_error *err) {
         rc = df_fail(err, DF_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
-    if (write_all(fd, buf, size) != 0) {
-        rc = df_fail(err, DF_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    int we = df_pwrite_full(fd, buf, size, 0);
+    if (we != 0) {
+        rc = df_fail(err, DF_ERR_IO, "%s: write failed: %s", tmp, strerror(we));
         close(fd);
         unlink(tmp);
         goto out;
@@ -222,11 +212,7 @@ int df_heat_save(const df_heat *h, const char *path, df_error *err) {
         if (slash == dir) slash[1] = 0;
         else if (slash) *slash = 0;
         else strcpy(dir, ".");
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd); /* best effort: some filesystems refuse fsync on a dir */
-            close(dfd);
-        }
+        df_fsync_dir(dir); /* best effort */
         free(dir);
     }
 out:

@@ -2,10 +2,16 @@
  * pack.h - the expert pack: a checkpoint's routed experts rewritten so that one
  * expert is one contiguous, 4 KiB-aligned record that can be read with O_DIRECT,
  * optionally striped across several directories (one per drive) so that one
- * expert read uses every drive at once. Owns the on-disk format (described
- * precisely in docs/pack-format.md), the resumable writer behind `deltafin pack`,
- * the manifest reader the runtime's expert streamer builds on, a simple
- * synchronous record reader, and `deltafin pack --verify`.
+ * expert read uses every drive at once. A record holds the expert's named
+ * parts (its checkpoint tensors, as the architecture's expert layout names
+ * them: gate, up and down matrices today, their scale tensors for a scaled
+ * format), byte for byte. The on-disk format is described precisely in
+ * docs/pack-format.md.
+ *
+ * The code: pack_format.c (fingerprint, record plan, manifest), pack_journal.c
+ * (the resumable writer's progress journal), pack_write.c (the writer behind
+ * `deltafin pack`), pack_read.c (the set reader the runtime's expert streamer
+ * builds on, a synchronous record reader), pack_verify.c (`--verify`).
  *
  * Files in each pack directory:
  *   experts.bin     this directory's stripe of every record
@@ -18,57 +24,71 @@
 #ifndef DF_EXPERTS_PACK_H
 #define DF_EXPERTS_PACK_H
 
-#include "model/model.h"
+#include "model/config.h"
+#include "model/experts.h"
+#include "model/safetensors.h"
 #include "util/util.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#define DF_PACK_VERSION 1
+#define DF_PACK_VERSION 2        /* written; version 1 is still read */
 #define DF_PACK_ALIGN 4096       /* record and stripe alignment, O_DIRECT-safe */
 #define DF_PACK_MAX_STRIPES 64
 #define DF_PACK_FP_HEX 32        /* fingerprint: XXH3-128 as 32 hex digits */
+#define DF_PACK_MAX_DIMS 4       /* of one part */
 
 typedef struct df_pack df_pack;
 
-enum { DF_PACK_GATE = 0, DF_PACK_UP = 1, DF_PACK_DOWN = 2 };
-
-/* One matrix of an expert inside its record. */
+/* One tensor of an expert inside its record. */
 typedef struct df_pack_part {
-    uint64_t offset; /* from the start of the record */
+    const char *name; /* the architecture's part name, e.g. "gate_proj.weight" */
+    uint64_t offset;  /* from the start of the record */
     uint64_t nbytes;
-    df_dtype dtype;  /* stored dtype, bytes untouched */
-    int64_t rows, cols;
+    df_dtype dtype;   /* stored dtype, bytes untouched */
+    int ndim;
+    int64_t shape[DF_PACK_MAX_DIMS];
 } df_pack_part;
 
-/* One (layer, expert): gate, up, down concatenated, padded to padded bytes.
- * Stripe i of the record is bytes [i*sb, (i+1)*sb) of the padded record
- * (sb = df_pack_stripe_bytes) and lies at `offset` in stripe i's experts.bin. */
+/* One (layer, expert): its parts concatenated in the layout's order, padded to
+ * padded bytes. Stripe i of the record is bytes [i*sb, (i+1)*sb) of the padded
+ * record (sb = df_pack_stripe_bytes) and lies at `offset` in stripe i's
+ * experts.bin. */
 typedef struct df_pack_record {
     int layer, expert;
     uint64_t offset;  /* in every stripe's experts.bin; a multiple of 4096 */
-    uint64_t length;  /* unpadded: sum of the three parts */
+    uint64_t length;  /* unpadded: sum of the parts */
     uint64_t padded;  /* length rounded up to 4096 * stripes */
     uint64_t xxh3;    /* XXH3_64bits of the `length` unpadded bytes */
-    df_pack_part part[3]; /* DF_PACK_GATE, DF_PACK_UP, DF_PACK_DOWN */
+    int n_parts;      /* 1..DF_EXPERT_MAX_PARTS */
+    const df_pack_part *part; /* [n_parts], owned by the pack */
 } df_pack_record;
+
+/* A checkpoint as the pack sees it: what a pack is written from and checked
+ * against. Nothing here needs a loaded model: the config, the safetensors
+ * files and the expert inventory built by the architecture's naming. */
+typedef struct df_pack_ckpt {
+    const char *dir;                /* holds config.json; NULL: st's first file's */
+    const df_config *cfg;
+    const df_st *st;
+    const df_expert_inventory *inv;
+} df_pack_ckpt;
 
 /* ---- identity ------------------------------------------------------------- */
 
 /* The model fingerprint a pack is tied to (32 lowercase hex digits + NUL): XXH3-128
  * over config.json's bytes, every routed-expert tensor's name, dtype and shape,
- * and a few sampled bytes of expert data (see docs/pack-format.md). model_dir
- * NULL: the directory of the model's first safetensors file. */
-int df_pack_fingerprint(const df_model *m, const char *model_dir,
-                        char out[DF_PACK_FP_HEX + 1], df_error *err);
+ * and a few sampled bytes of expert data (see docs/pack-format.md). */
+int df_pack_fingerprint(const df_pack_ckpt *ck, char out[DF_PACK_FP_HEX + 1], df_error *err);
 
 /* ---- writing ---------------------------------------------------------------- */
 
 typedef struct df_pack_write_opts {
     bool progress;  /* progress bar on stderr (callers pass isatty(2)) */
     FILE *log;      /* one-line notes: resuming, up to date; NULL = quiet */
-    /* Testing hooks; zero = off. */
+#ifdef DF_TEST_HOOKS
+    /* Fault hooks of the test build only; zero = off. */
     int stop_after_records;      /* stop (as if killed) after writing this many
                                     records in this run: no final checkpoint */
     int checkpoint_every_records;/* checkpoint every N records instead of by
@@ -78,6 +98,7 @@ typedef struct df_pack_write_opts {
     bool skip_space_check;       /* skip the free-space check before writing */
     int stop_after_renames;      /* stop while renaming the finished files into
                                     place, after this many renames */
+#endif
 } df_pack_write_opts;
 
 typedef struct df_pack_write_result {
@@ -89,7 +110,8 @@ typedef struct df_pack_write_result {
 } df_pack_write_result;
 
 /* Packs the routed experts of the checkpoint in model_dir into dirs[0..n_dirs)
- * (stripe i goes to dirs[i]; a directory that does not exist is created).
+ * (stripe i goes to dirs[i]; a directory that does not exist is created),
+ * from its config, safetensors and expert inventory (no model is loaded).
  * Resumes an interrupted pack of the same model into the same directories (in
  * any order). Refuses directories holding another model's pack, complete or not.
  * res may be NULL. */
@@ -99,11 +121,12 @@ int df_pack_write(const char *model_dir, const char *const *dirs, int n_dirs,
 
 /* ---- reading ---------------------------------------------------------------- */
 
-/* Opens a pack set: every directory of the set exactly once, in any order. m:
- * the model it must belong to (fingerprint and every record's parts are checked
- * against m's expert tensors); NULL skips those checks (verify does). Data files
- * are opened with O_DIRECT when the filesystem allows it, else buffered. */
-int df_pack_open(df_pack **out, const char *const *dirs, int n_dirs, const df_model *m,
+/* Opens a pack set (format version 1 or 2): every directory of the set exactly
+ * once, in any order. ck: the checkpoint it must belong to (the fingerprint,
+ * and every record's parts against the inventory's tensors: names, dtypes,
+ * shapes); NULL skips those checks (verify does). Data files are opened with
+ * O_DIRECT when the filesystem allows it, else buffered. */
+int df_pack_open(df_pack **out, const char *const *dirs, int n_dirs, const df_pack_ckpt *ck,
                  df_error *err);
 void df_pack_close(df_pack *p);
 

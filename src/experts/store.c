@@ -414,7 +414,8 @@ int df_store_open(df_store **out, const df_model *m, const df_store_opts *o, df_
     s->base.ops = &STORE_OPS;
     int rc;
     if (o->n_pack_dirs > 0) {
-        if ((rc = df_pack_open(&s->pack, o->pack_dirs, o->n_pack_dirs, m, err))) goto fail;
+        df_pack_ckpt ck = {NULL, &m->cfg, m->st, &m->experts};
+        if ((rc = df_pack_open(&s->pack, o->pack_dirs, o->n_pack_dirs, &ck, err))) goto fail;
         s->n_ops = df_pack_stripes(s->pack);
         s->slot_bytes = df_pack_max_padded(s->pack);
     } else {

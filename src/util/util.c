@@ -1,6 +1,7 @@
 /*
- * util.c - error reporting, file reads, checked allocation, dtype tables and
- * the F16/BF16 conversions shared by the whole engine.
+ * util.c - error reporting, file reads and durable writes, checked allocation,
+ * growing strings, byte counts for people, dtype tables and the F16/BF16
+ * conversions shared by the whole engine.
  */
 #include "util/util.h"
 
@@ -69,6 +70,63 @@ ssize_t df_pread_full(int fd, void *buf, size_t n, uint64_t off) {
         got += (size_t)r;
     }
     return (ssize_t)got;
+}
+
+int df_pwrite_full(int fd, const void *buf, size_t n, uint64_t off) {
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (r == 0) return EIO;
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+int df_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int rc = fsync(fd) ? errno : 0;
+    close(fd);
+    return rc == EINVAL ? 0 : rc;
+}
+
+void df_sb_printf(df_sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int k = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if ((size_t)k < room) {
+            b->len += (size_t)k;
+            return;
+        }
+        b->cap = (b->cap + (size_t)k + 1) * 2;
+        b->s = df_xrealloc(b->s, b->cap);
+    }
+}
+
+void df_fmt_bytes(char *out, size_t n, uint64_t b) {
+    if (b >= 1000000000ull) snprintf(out, n, "%.2f GB", (double)b / 1e9);
+    else if (b >= 1000000ull) snprintf(out, n, "%.1f MB", (double)b / 1e6);
+    else if (b >= 1000ull) snprintf(out, n, "%.1f kB", (double)b / 1e3);
+    else snprintf(out, n, "%llu B", (unsigned long long)b);
+}
+
+void df_fmt_bytes_iec(char *out, size_t n, uint64_t b) {
+    static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(out, n, "%.2f %s", v, u[i]);
 }
 
 char *df_path_join(const char *dir, const char *name) {

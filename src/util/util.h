@@ -1,6 +1,7 @@
 /*
  * util.h - small shared helpers: error reporting, whole-file reads, checked
- * allocation, dtypes and their widening to F32. Everything here is used by more
+ * allocation, durable writes, growing strings, byte counts for people, dtypes
+ * and their widening to F32. Everything here is used by more
  * than one room of the engine.
  */
 #ifndef DF_UTIL_H
@@ -24,6 +25,23 @@ int df_read_file(const char *path, char **data, size_t *len, df_error *err);
 /* Reads n bytes at off, retrying EINTR and short reads; returns the byte count
  * (less than n only at end of file) or -1 with errno set. */
 ssize_t df_pread_full(int fd, void *buf, size_t n, uint64_t off);
+/* Writes n bytes at off, retrying EINTR and short writes; 0 or an errno value. */
+int df_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+/* fsyncs a directory (a rename in it becomes durable); 0 or an errno value.
+ * A filesystem that cannot fsync a directory (EINVAL) counts as success. */
+int df_fsync_dir(const char *dir);
+
+/* A growing NUL-terminated string: start from {0}, free(b.s) when done. */
+typedef struct df_sbuf {
+    char *s;
+    size_t len, cap;
+} df_sbuf;
+void df_sb_printf(df_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Byte counts for people: decimal, "1.23 GB" / "4.5 MB" / "6.7 kB" / "89 B"
+ * (progress and pack messages), and binary, "1.50 MiB" (inspect). */
+void df_fmt_bytes(char *out, size_t n, uint64_t bytes);
+void df_fmt_bytes_iec(char *out, size_t n, uint64_t bytes);
 
 /* path join into a malloc'ed string */
 char *df_path_join(const char *dir, const char *name);

@@ -1,5 +1,5 @@
 /*
- * fuzz_pack.c - libFuzzer target for expert-pack manifests (src/experts/pack.c),
+ * fuzz_pack.c - libFuzzer target for expert-pack manifests (src/experts/pack_format.c),
  * through `deltafin pack --verify`'s entry point. The input is written as a pack
  * directory's manifest.json next to an experts.bin of zeros (data_bytes long when
  * the input says so and that is at most 4 MiB, else 64 KiB), and the pack is
@@ -27,7 +27,8 @@ static const char *const DICT[] = {
     "\"align\"", "4096", "\"fingerprint\"", "\"model\"", "\"num_hidden_layers\"",
     "\"num_experts\"", "\"data_file\"", "\"experts.bin\"", "\"data_bytes\"", "\"records\"",
     "\"BF16\"", "\"F32\"", "\"F16\"", "\"F8_E4M3\"", "\"ffffffffffffffff\"", "[48, 96]",
-    "9223372036854775807", "4503599627370495", "-1", "0",
+    "9223372036854775807", "4503599627370495", "-1", "0", "\"parts\"", "\"gate_proj.weight\"",
+    "[[\"up_proj.weight\", \"BF16\", [48, 96], 9216]]", "2", "1",
 };
 
 const char *const *df_fuzz_dict(size_t *n) {
