@@ -351,8 +351,8 @@ class DeepseekRef:
         self.dir = model_dir
         self.dtype = np.dtype(dtype)
         text, self.prefix = read_config(model_dir)
-        where = "config.json" + (" text_config" if self.prefix else "")
-        self.cfg = Config(text, os.path.join(model_dir, where))
+        where = os.path.join(model_dir, "config.json") + (" text_config" if self.prefix else "")
+        self.cfg = Config(text, where)
         self.gen = {}
         gp = os.path.join(model_dir, "generation_config.json")
         if os.path.exists(gp):
