@@ -59,6 +59,8 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
     count "$name" "$p" "$f"
 }
 
+run_counted ref-selftest $PY tests/ref/test_ref_selftest.py
+run_counted deepseek-ref $PY tests/ref/test_deepseek_ref.py
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
