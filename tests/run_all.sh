@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run_all.sh - the whole test suite (`make test`): cmocka unit tests (ASan+UBSan),
 # the independent references' self-tests and their comparison with the engine on
-# synthetic checkpoints, the shipped demo
-# models against their PyTorch training code and the reference, command-line
+# synthetic checkpoints, the shipped demo models against their PyTorch training
+# code and the reference, command-line
 # bad-input tests and bounded fuzzing. Ends with one line "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
