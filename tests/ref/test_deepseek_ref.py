@@ -248,6 +248,65 @@ def routers_match_brute_force():
 
 # ---- a second opinion in PyTorch, written the Hugging Face way -----------------
 
+def torch_rope(cfg, T):
+    """HF-style cos, sin [T, rope_dim] (halves duplicated) and the softmax scale."""
+    import torch
+
+    def get_mscale(s, m=1.0):
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+    rd, base = cfg["qk_rope_head_dim"], cfg["rope_theta"]
+    pos_freqs = base ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    inv_freq, af = 1.0 / pos_freqs, 1.0
+    scaling = (cfg["qk_nope_head_dim"] + rd) ** -0.5
+    rs = cfg.get("rope_scaling")
+    if rs:
+        fac, omax = rs["factor"], rs["original_max_position_embeddings"]
+
+        def corr(n):
+            return (rd * math.log(omax / (n * 2 * math.pi))) / (2 * math.log(base))
+        lo, hi = max(math.floor(corr(rs["beta_fast"])), 0), min(math.ceil(corr(rs["beta_slow"])), rd - 1)
+        ramp = ((torch.arange(rd // 2, dtype=torch.float64) - lo) / ((hi + 0.001 if lo == hi else hi) - lo))
+        extra = 1 - ramp.clamp(0, 1)
+        inv_freq = (1.0 / (fac * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
+        af = get_mscale(fac, rs["mscale"]) / get_mscale(fac, rs["mscale_all_dim"])
+        scaling *= get_mscale(fac, rs["mscale_all_dim"]) ** 2
+    emb = torch.cat([torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)] * 2, -1)
+    return emb.cos() * af, emb.sin() * af, scaling
+
+
+def torch_moe(cfg, p, h, W, mlp):
+    """HF-style router (torch.topk, masked_fill) and a per-token expert loop."""
+    import torch
+    T = h.shape[0]
+    logits = torch.nn.functional.linear(h, W(p + "mlp.gate.weight"))
+    scores = logits.softmax(-1) if cfg["scoring_func"] == "softmax" else logits.sigmoid()
+    choice = scores + W(p + "mlp.gate.e_score_correction_bias") \
+        if cfg["topk_method"] == "noaux_tc" else scores
+    G, k = cfg["n_group"], cfg["num_experts_per_tok"]
+    if cfg["topk_method"] != "greedy" and G > 1:
+        grouped = choice.view(T, G, -1)
+        gsc = grouped.max(-1).values if cfg["topk_method"] == "group_limited_greedy" \
+            else grouped.topk(2, -1)[0].sum(-1)
+        gmask = torch.zeros_like(gsc).scatter_(1, gsc.topk(cfg["topk_group"], -1)[1], 1)
+        emask = gmask.unsqueeze(-1).expand(grouped.shape).reshape(T, -1)
+        choice = choice.masked_fill(emask == 0, float("-inf"))
+    idx = choice.topk(k, -1)[1]
+    wts = scores.gather(1, idx)
+    normed = k > 1 and cfg["norm_topk_prob"]
+    if normed:
+        wts = wts / (wts.sum(-1, keepdim=True) + 1e-20)
+    if cfg["model_type"] != "deepseek_v2" or not normed:
+        wts = wts * cfg["routed_scaling_factor"]
+    y = torch.zeros_like(h)
+    for t in range(T):
+        for j in range(k):
+            y[t] += wts[t, j] * mlp(f"{p}mlp.experts.{int(idx[t, j])}.", h[t])
+    if cfg["n_shared_experts"]:
+        y = y + mlp(p + "mlp.shared_experts.", h)
+    return y
+
+
 def torch_logits(model_dir, ids):
     """The family's forward pass in float64 torch: HF-style rotary (de-interleave,
     rotate_half), torch.topk routing, per-token expert loop, expanded MLA."""
@@ -268,29 +327,11 @@ def torch_logits(model_dir, ids):
             torch.nn.functional.linear(x, W(p + "gate_proj.weight"))) *
             torch.nn.functional.linear(x, W(p + "up_proj.weight")), W(p + "down_proj.weight"))
 
-    def get_mscale(s, m=1.0):
-        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
-
     nH, nope, rd, vd = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
                                           "v_head_dim"))
-    kvr, qr, eps, base = cfg["kv_lora_rank"], cfg["q_lora_rank"], cfg["rms_norm_eps"], cfg["rope_theta"]
+    kvr, qr, eps = cfg["kv_lora_rank"], cfg["q_lora_rank"], cfg["rms_norm_eps"]
     T = len(ids)
-    pos_freqs = base ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
-    inv_freq, af, scaling = 1.0 / pos_freqs, 1.0, (nope + rd) ** -0.5
-    rs = cfg.get("rope_scaling")
-    if rs:
-        fac, omax = rs["factor"], rs["original_max_position_embeddings"]
-
-        def corr(n):
-            return (rd * math.log(omax / (n * 2 * math.pi))) / (2 * math.log(base))
-        lo, hi = max(math.floor(corr(rs["beta_fast"])), 0), min(math.ceil(corr(rs["beta_slow"])), rd - 1)
-        ramp = ((torch.arange(rd // 2, dtype=torch.float64) - lo) / ((hi + 0.001 if lo == hi else hi) - lo))
-        extra = 1 - ramp.clamp(0, 1)
-        inv_freq = (1.0 / (fac * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
-        af = get_mscale(fac, rs["mscale"]) / get_mscale(fac, rs["mscale_all_dim"])
-        scaling *= get_mscale(fac, rs["mscale_all_dim"]) ** 2
-    emb = torch.cat([torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)] * 2, -1)
-    cos, sin = emb.cos() * af, emb.sin() * af
+    cos, sin, scaling = torch_rope(cfg, T)
 
     def rot(x):   # [.., T, rd] in the checkpoint's interleaved layout
         x = x.view(*x.shape[:-1], rd // 2, 2).transpose(-1, -2).reshape(x.shape)
@@ -316,32 +357,7 @@ def torch_logits(model_dir, ids):
         x = x + lin(att.transpose(0, 1).reshape(T, nH * vd), W(a + "o_proj.weight"))
         h = rms(x, W(p + "post_attention_layernorm.weight"), eps)
         if cfg["n_routed_experts"] and i >= cfg["first_k_dense_replace"] and i % cfg["moe_layer_freq"] == 0:
-            logits = lin(h, W(p + "mlp.gate.weight"))
-            scores = logits.softmax(-1) if cfg["scoring_func"] == "softmax" else logits.sigmoid()
-            choice = scores + W(p + "mlp.gate.e_score_correction_bias") \
-                if cfg["topk_method"] == "noaux_tc" else scores
-            G, k = cfg["n_group"], cfg["num_experts_per_tok"]
-            if cfg["topk_method"] != "greedy" and G > 1:
-                grouped = choice.view(T, G, -1)
-                gsc = grouped.max(-1).values if cfg["topk_method"] == "group_limited_greedy" \
-                    else grouped.topk(2, -1)[0].sum(-1)
-                gmask = torch.zeros_like(gsc).scatter_(1, gsc.topk(cfg["topk_group"], -1)[1], 1)
-                emask = gmask.unsqueeze(-1).expand(grouped.shape).reshape(T, -1)
-                choice = choice.masked_fill(emask == 0, float("-inf"))
-            idx = choice.topk(k, -1)[1]
-            wts = scores.gather(1, idx)
-            normed = k > 1 and cfg["norm_topk_prob"]
-            if normed:
-                wts = wts / (wts.sum(-1, keepdim=True) + 1e-20)
-            if cfg["model_type"] != "deepseek_v2" or not normed:
-                wts = wts * cfg["routed_scaling_factor"]
-            y = torch.zeros_like(h)
-            for t in range(T):
-                for j in range(k):
-                    y[t] += wts[t, j] * mlp(f"{p}mlp.experts.{int(idx[t, j])}.", h[t])
-            if cfg["n_shared_experts"]:
-                y = y + mlp(p + "mlp.shared_experts.", h)
-            x = x + y
+            x = x + torch_moe(cfg, p, h, W, mlp)
         else:
             x = x + mlp(p + "mlp.", h)
     out = lin(rms(x, W("model.norm.weight"), eps), W("lm_head.weight")).numpy()
