@@ -121,12 +121,7 @@ def parse_args(argv):
     a.deepseek = a.arch in ds.ARCHS
     if a.deepseek:
         return parse_deepseek(p, a)
-    if a.rope_theta is None:
-        a.rope_theta = 1000000.0
-    if a.tokenizer_dir is None:
-        a.tokenizer_dir = os.path.join(REPO, "assets", "tokenizers", "qwen3")
-    if a.wrap_language_model:
-        p.error("--wrap-language-model: deepseek family only")
+    qwen3_defaults(p, a)
     if a.head_dim == 0:
         if a.hidden % a.heads:
             p.error("--hidden not divisible by --heads; give --head-dim")
@@ -152,6 +147,15 @@ def parse_args(argv):
     if a.arch == "qwen3_moe" and a.experts > 0 and not (1 <= a.top_k <= a.experts):
         p.error("--top-k must be in [1, experts]")
     return a
+
+
+def qwen3_defaults(p, a):
+    if a.rope_theta is None:
+        a.rope_theta = 1000000.0
+    if a.tokenizer_dir is None:
+        a.tokenizer_dir = os.path.join(REPO, "assets", "tokenizers", "qwen3")
+    if a.wrap_language_model:
+        p.error("--wrap-language-model: deepseek family only")
 
 
 def parse_deepseek(p, a):

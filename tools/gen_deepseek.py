@@ -284,13 +284,24 @@ def tensor_plan(cfg, a, prefix=""):
         return t
 
     plan = [(m + "embed_tokens.weight", (V, H), 0.0, 1.0)]
-    L = cfg["num_hidden_layers"]
-    for i in range(L):
+    for i in range(cfg["num_hidden_layers"]):
         plan += layer(i)
     plan.append((m + "norm.weight", (H,)) + norm)
     plan.append((prefix + "lm_head.weight", (V, H)) + proj(H, 2.0))
-    # MTP: a full decoder layer plus its projection, norms and (copies of) the
-    # embedding and head, after the main layers. Never part of the forward pass.
+    return plan + mtp_and_vision_plan(cfg, a, prefix, layer)
+
+
+def mtp_and_vision_plan(cfg, a, prefix, layer):
+    """Tensors no forward pass reads. MTP: a full decoder layer plus its projection,
+    norms and (copies of) the embedding and head, after the main layers."""
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    m = prefix + "model."
+    norm = (1.0, 0.1)
+
+    def proj(fan_in, gain=1.0):
+        return (0.0, gain / math.sqrt(fan_in))
+
+    plan = []
     for j in range(cfg.get("num_nextn_predict_layers") or 0):
         p = f"{m}layers.{L + j}."
         plan += layer(L + j)
