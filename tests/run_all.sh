@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_all.sh - the whole test suite (`make test`): cmocka unit tests (ASan+UBSan),
-# the independent-reference comparison on synthetic checkpoints, the shipped demo
-# models against their PyTorch training code and the reference, command-line
+# the independent references' self-tests and their comparison with the engine on
+# synthetic checkpoints, the shipped demo models against their PyTorch training
+# code and the reference, command-line
 # bad-input tests and bounded fuzzing. Ends with one line "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
@@ -59,6 +60,8 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
     count "$name" "$p" "$f"
 }
 
+run_counted ref-selftest $PY tests/ref/test_ref_selftest.py
+run_counted deepseek-ref $PY tests/ref/test_deepseek_ref.py
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"

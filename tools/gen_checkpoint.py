@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""gen_checkpoint - writes a random-weight Hugging Face Qwen3 / Qwen3-MoE checkpoint.
+"""gen_checkpoint - writes a random-weight Hugging Face Qwen3 / Qwen3-MoE / DeepSeek-V3 family checkpoint.
 
 Owns: the synthetic models the tests and benchmarks run. Output is a checkpoint
 directory as the hub lays it out: config.json, generation_config.json,
@@ -10,6 +10,9 @@ Tensors are generated and written one at a time (in row chunks) so multi-GB
 checkpoints never sit in memory. Every tensor draws from its own generator seeded
 by (seed, crc32(name)), so a tensor's values do not depend on sharding, dtype
 layout order or which other tensors exist.
+
+The DeepSeek-V3 family (deepseek_v2, deepseek_v3, kimi_k2, and the Kimi K2.5
+wrapper) lives in gen_deepseek.py: its config fields and tensor plan.
 
 Init: projections are N(0, gain/sqrt(fan_in)) so activations stay O(1) through the
 layers, norm weights are 1 + N(0, 0.1), the lm_head gives logits a spread of a few
@@ -32,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
 import safetensors_np as st  # noqa: E402
+import gen_deepseek as ds  # noqa: E402
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 DTYPES = {"bf16": ("BF16", "bfloat16"), "f16": ("F16", "float16"), "f32": ("F32", "float32")}
@@ -65,7 +69,7 @@ def parse_kv_spec(spec):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", choices=["qwen3", "qwen3_moe"], default="qwen3")
+    p.add_argument("--arch", choices=["qwen3", "qwen3_moe"] + list(ds.ARCHS), default="qwen3")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--vocab", type=int, default=1024)
@@ -82,7 +86,8 @@ def parse_args(argv):
     p.add_argument("--mlp-only-layers", default="", help="comma list, e.g. 0,2")
     p.add_argument("--norm-topk-prob", type=int, choices=[0, 1], default=1)
     p.add_argument("--tie-embeddings", type=int, choices=[0, 1], default=0)
-    p.add_argument("--rope-theta", type=float, default=1000000.0)
+    p.add_argument("--rope-theta", type=float, default=None,
+                   help="default 1e6 (qwen3), 1e4 (deepseek), 5e4 (kimi_k2)")
     p.add_argument("--rope-scaling", default="none",
                    help="none | linear:factor=2 | dynamic:factor=2 | "
                         "yarn:factor=4,original_max_position_embeddings=32[,beta_fast=..,"
@@ -96,7 +101,9 @@ def parse_args(argv):
                    help="auto: Qwen3's 151643 if inside the vocab, else none; 'none'; or an id")
     p.add_argument("--eos-ids", default="auto",
                    help="auto: Qwen3's 151645,151643 if inside the vocab, else none; 'none'; or ids")
-    p.add_argument("--tokenizer-dir", default=os.path.join(REPO, "assets", "tokenizers", "qwen3"))
+    p.add_argument("--tokenizer-dir", default=None,
+                   help="default assets/tokenizers/qwen3 (qwen3 archs; both files required) or "
+                        "assets/tokenizers/<arch> if present (deepseek family; files copied if present)")
     p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     p.add_argument("--fast-init", action="store_true",
                    help="fill big tensors from a shared random pool at random offsets "
@@ -107,9 +114,14 @@ def parse_args(argv):
                         "--layers from its header; model layers before the trace's first MoE layer "
                         "(\"model layers a..b\") become dense via mlp_only_layers")
     p.add_argument("--out", required=True)
+    ds.add_args(p)
     a = p.parse_args(argv)
     if a.match_trace:
         match_trace(p, a)
+    a.deepseek = a.arch in ds.ARCHS
+    if a.deepseek:
+        return parse_deepseek(p, a)
+    qwen3_defaults(p, a)
     if a.head_dim == 0:
         if a.hidden % a.heads:
             p.error("--hidden not divisible by --heads; give --head-dim")
@@ -134,6 +146,37 @@ def parse_args(argv):
         a.eos = [] if a.eos_ids == "none" else [int(x) for x in a.eos_ids.split(",") if x.strip()]
     if a.arch == "qwen3_moe" and a.experts > 0 and not (1 <= a.top_k <= a.experts):
         p.error("--top-k must be in [1, experts]")
+    return a
+
+
+def qwen3_defaults(p, a):
+    if a.rope_theta is None:
+        a.rope_theta = 1000000.0
+    if a.tokenizer_dir is None:
+        a.tokenizer_dir = os.path.join(REPO, "assets", "tokenizers", "qwen3")
+    if a.wrap_language_model:
+        p.error("--wrap-language-model: deepseek family only")
+
+
+def parse_deepseek(p, a):
+    """The DeepSeek-V3 family's arguments: shipped special ids when they fit the
+    vocab, rope_scaling under the legacy "type" key as the shipped configs write it."""
+    ds.check_args(p, a)
+    a.rope = parse_kv_spec(a.rope_scaling)
+    if a.rope:
+        a.rope = {"type" if k == "rope_type" else k: v for k, v in a.rope.items()}
+    bos, eos = ds.SPECIAL_IDS[a.arch]
+    if a.bos_id == "auto":
+        a.bos = bos if bos < a.vocab else None
+    else:
+        a.bos = None if a.bos_id == "none" else int(a.bos_id)
+    if a.eos_ids == "auto":
+        a.eos = [e for e in eos if e < a.vocab]
+    else:
+        a.eos = [] if a.eos_ids == "none" else [int(x) for x in a.eos_ids.split(",") if x.strip()]
+    if a.tokenizer_dir is None:
+        a.tokenizer_dir = os.path.join(REPO, "assets", "tokenizers", a.arch)
+    a.mlp_only = []
     return a
 
 
@@ -281,7 +324,8 @@ def plan_shards(plan, itemsize, max_shard):
         return [plan]
     shards, cur, cur_size = [], [], 0
     for t in plan:
-        size = itemsize * int(np.prod(t[1]))
+        size = (st.itemsize(t[4]["dtype"]) if len(t) > 4 and "dtype" in t[4] else itemsize) \
+            * int(np.prod(t[1]))
         if size > max_shard:
             shards.append([t])
             continue
@@ -312,8 +356,17 @@ class Pool:
         return self.blocks[key]
 
 
+def tensor_dtype(t, default):
+    """A plan entry's stored dtype: its own (e.g. an F32 router bias) or the model's."""
+    return t[4].get("dtype", default) if len(t) > 4 else default
+
+
+def tensor_rng(seed, name):
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
 def write_tensor(w, name, shape, mean, std, seed, dtype, pool):
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    rng = tensor_rng(seed, name)
     total = int(np.prod(shape))
     row = int(np.prod(shape[1:])) if len(shape) > 1 else total
     rows_per_chunk = max(1, CHUNK_ELEMS // max(1, row))
@@ -339,10 +392,17 @@ def write_tensor(w, name, shape, mean, std, seed, dtype, pool):
 
 def generate(a):
     os.makedirs(a.out, exist_ok=True)
-    cfg = build_config(a)
     st_dtype = DTYPES[a.dtype][0]
     itemsize = st.itemsize(st_dtype)
-    plan = tensor_plan(cfg)
+    if a.deepseek:
+        cfg = ds.build_config(a, DTYPES[a.dtype][1])
+        plan = ds.tensor_plan(cfg, a, "language_model." if a.wrap_language_model else "")
+        file_cfg = ds.wrap_config(cfg, DTYPES[a.dtype][1]) if a.wrap_language_model else cfg
+        gen_cfg = ds.generation_config(a)
+    else:
+        cfg = build_config(a)
+        plan = tensor_plan(cfg)
+        file_cfg, gen_cfg = cfg, generation_config(a)
     shards = plan_shards(plan, itemsize, a.max_shard_size)
 
     # Remove checkpoint files of an earlier run so a stale shard can never be read.
@@ -358,12 +418,16 @@ def generate(a):
         # The safetensors library lays data out sorted by name within a file; do
         # the same so readers cannot rely on module order.
         shard = sorted(shard, key=lambda t: t[0])
-        specs = [(t[0], st_dtype, t[1]) for t in shard]
+        specs = [(t[0], tensor_dtype(t, st_dtype), t[1]) for t in shard]
         w = st.SafeTensorsWriter(os.path.join(a.out, fn), specs, {"format": "pt"})
-        for name, shape, mean, std in shard:
-            write_tensor(w, name, shape, mean, std, a.seed, st_dtype, pool)
+        for t in shard:
+            name, shape, mean, std = t[:4]
+            if len(t) > 4 and "fill" in t[4]:
+                w.write(name, t[4]["fill"](tensor_rng(a.seed, name)))
+            else:
+                write_tensor(w, name, shape, mean, std, a.seed, tensor_dtype(t, st_dtype), pool)
             weight_map[name] = fn
-            total += itemsize * int(np.prod(shape))
+            total += st.itemsize(tensor_dtype(t, st_dtype)) * int(np.prod(shape))
         w.close()
     if n > 1:
         index = {"metadata": {"total_size": total},
@@ -373,15 +437,19 @@ def generate(a):
             f.write("\n")
 
     with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
+        json.dump(file_cfg, f, indent=2)
         f.write("\n")
     with open(os.path.join(a.out, "generation_config.json"), "w") as f:
-        json.dump(generation_config(a), f, indent=2)
+        json.dump(gen_cfg, f, indent=2)
         f.write("\n")
 
     if not a.no_tokenizer:
-        for fn in ("tokenizer.json", "tokenizer_config.json"):
+        optional = a.deepseek   # tokenizer.json or tiktoken.model, whichever the dir has
+        names = ("tokenizer.json", "tokenizer_config.json") + (("tiktoken.model",) if a.deepseek else ())
+        for fn in names:
             src = os.path.join(a.tokenizer_dir, fn)
+            if optional and not os.path.exists(src):
+                continue
             if not os.path.exists(src):
                 raise SystemExit(f"gen_checkpoint: {src} missing (run scripts/fetch_assets.sh, "
                                  f"or pass --tokenizer-dir / --no-tokenizer)")

@@ -28,7 +28,8 @@ tie is reported and not counted (the sequences legitimately diverge there).
 
     check_model.py --model DIR --engine build/deltafin-san [--threads N]
     check_model.py --suite [--dir build/test-models] --engine build/deltafin-san
-        [--threads N] [--batch N] [--determinism] [--jobs N] [--only a,b]
+        [--threads N] [--batch N] [--determinism] [--jobs N] [--only a,b] [--set deepseek|all]
+The reference is qwen3_ref or deepseek_ref, by the checkpoint's model_type.
 Prints "PASS name ..." / "FAIL name ..." per model; --suite ends with
 "N passed, N failed". Exit status 0 iff everything passed.
 """
@@ -48,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
+import deepseek_ref  # noqa: E402
 import qwen3_ref  # noqa: E402
 
 SEQ_LEN = 64
@@ -111,6 +113,66 @@ SUITE = {
                "--kv-heads", "2", "--head-dim", "32", "--rope-theta", "10000",
                "--rope-scaling", "linear:factor=2"],
 }
+
+
+# The DeepSeek-V3 family (issue 21): not in `--suite` until the engine runs it;
+# `--suite --set deepseek` checks these. Shapes scaled down from the shipped models
+# with their field values kept where they matter (YaRN, router, scaling).
+_DS = ["--dtype", "bf16", "--vocab", "1024", "--hidden", "64", "--intermediate", "128",
+       "--kv-lora-rank", "32", "--qk-nope-dim", "16", "--qk-rope-dim", "8", "--v-head-dim", "16",
+       "--moe-intermediate", "24"]
+_YARN40 = "yarn:factor=40,original_max_position_embeddings=4096,beta_fast=32,beta_slow=1,"
+DEEPSEEK_SUITE = {
+    # V2-Lite-style: no q-LoRA, softmax greedy, 2 shared experts, YaRN mscale 0.707.
+    "ds-v2": ["--arch", "deepseek_v2", "--seed", "31"] + _DS + [
+        "--layers", "3", "--heads", "4", "--first-k-dense", "1", "--experts", "16", "--top-k", "4",
+        "--n-shared-experts", "2", "--norm-topk-prob", "0", "--max-pos", "163840",
+        "--rope-scaling", _YARN40 + "mscale=0.707,mscale_all_dim=0.707"],
+    # V3-style: q-LoRA, sigmoid + correction bias, 8 groups keep 4, 1 shared, 3 dense
+    # layers, scaling 2.5, YaRN, one MTP layer.
+    "ds-v3": ["--arch", "deepseek_v3", "--seed", "32"] + _DS + [
+        "--layers", "5", "--heads", "8", "--q-lora-rank", "48", "--first-k-dense", "3",
+        "--experts", "32", "--top-k", "4", "--n-group", "8", "--topk-group", "4",
+        "--n-shared-experts", "1", "--routed-scaling-factor", "2.5", "--mtp-layers", "1",
+        "--max-pos", "163840", "--rope-scaling", _YARN40 + "mscale=1.0,mscale_all_dim=1.0"],
+    # K2-style: half V3's heads, no groups, scaling 2.827, theta 5e4, YaRN beta_fast 1,
+    # rms_norm_eps 1e-5 with a small q_a_proj so the latent norms' fixed 1e-6 matters,
+    # rotary_emb.inv_freq buffers to skip.
+    "kimi-k2": ["--arch", "kimi_k2", "--seed", "33"] + _DS + [
+        "--layers", "3", "--heads", "4", "--q-lora-rank", "48", "--first-k-dense", "1",
+        "--experts", "24", "--top-k", "4", "--routed-scaling-factor", "2.827", "--rms-eps", "1e-5",
+        "--q-a-gain", "0.05", "--inv-freq-buffers", "--max-pos", "131072", "--rope-scaling",
+        "yarn:factor=32,original_max_position_embeddings=4096,beta_fast=1,beta_slow=1,"
+        "mscale=1.0,mscale_all_dim=1.0"],
+    # DeepSeek-V2 (236B)-style router: softmax, group-limited greedy (4 groups keep 2),
+    # no renormalisation, scaling 16; no rope scaling.
+    "ds-group-softmax": ["--arch", "deepseek_v2", "--seed", "34"] + _DS + [
+        "--layers", "3", "--heads", "4", "--q-lora-rank", "48", "--first-k-dense", "1",
+        "--experts", "16", "--top-k", "4", "--topk-method", "group_limited_greedy",
+        "--n-group", "4", "--topk-group", "2", "--norm-topk-prob", "0",
+        "--routed-scaling-factor", "16"],
+    # Router near-tie: experts 2 and 5 share gate rows, their selection values differ
+    # by 4*2^-24 through the correction bias.
+    "ds-near-tie": ["--arch", "deepseek_v3", "--seed", "35"] + _DS + [
+        "--layers", "3", "--heads", "4", "--first-k-dense", "1", "--experts", "8", "--top-k", "2",
+        "--routed-scaling-factor", "2.5", "--router-near-tie", "2,5,4"],
+    # Kimi K2.5-style wrapper: text_config, language_model. prefix, vision tensors,
+    # YaRN factor 64 with beta_fast 32, rms_norm_eps 1e-5, sharded.
+    "kimi-k25-wrapper": ["--arch", "kimi_k2", "--seed", "36"] + _DS + [
+        "--layers", "3", "--heads", "4", "--q-lora-rank", "48", "--first-k-dense", "1",
+        "--experts", "24", "--top-k", "4", "--routed-scaling-factor", "2.827", "--rms-eps", "1e-5",
+        "--wrap-language-model", "--max-shard-size", "300000", "--max-pos", "262144",
+        "--rope-scaling", "yarn:factor=64,original_max_position_embeddings=4096,beta_fast=32,"
+        "beta_slow=1,mscale=1.0,mscale_all_dim=1.0"],
+}
+SUITES = {"qwen3": SUITE, "deepseek": DEEPSEEK_SUITE, "all": {**SUITE, **DEEPSEEK_SUITE}}
+
+
+def load_ref(model_dir, dtype=np.float64):
+    """The reference for the checkpoint's model_type."""
+    if deepseek_ref.is_family(model_dir):
+        return deepseek_ref.DeepseekRef(model_dir, dtype)
+    return qwen3_ref.Qwen3Ref(model_dir, dtype)
 
 
 def compare_logits(ref, eng, tol):
@@ -203,7 +265,7 @@ def check_model(model_dir, engine, name=None, threads=None, seed=1234, tol=DEFAU
     eng = shlex.split(engine)
     extra = ["--threads", str(threads)] if threads else []
     try:
-        ref = qwen3_ref.Qwen3Ref(model_dir)
+        ref = load_ref(model_dir)
         V = ref.cfg.vocab
         rng = np.random.default_rng(seed)
         toks = [int(x) for x in rng.integers(0, V, size=seq_len)]
@@ -271,7 +333,8 @@ def ensure_model(dirpath, args):
     import zlib
     import gen_checkpoint
     src = b""
-    for f in (gen_checkpoint.__file__, os.path.join(HERE, "safetensors_np.py")):
+    for f in (gen_checkpoint.__file__, os.path.join(REPO, "tools", "gen_deepseek.py"),
+              os.path.join(HERE, "safetensors_np.py")):
         with open(f, "rb") as fh:
             src += fh.read()
     want = {"args": args, "generator_crc32": zlib.crc32(src)}
@@ -300,6 +363,8 @@ def main(argv=None):
     ap.add_argument("--dir", default=os.path.join(REPO, "build", "test-models"),
                     help="--suite: where the models live")
     ap.add_argument("--only", default="", help="--suite: comma list of model names")
+    ap.add_argument("--set", default="qwen3", choices=sorted(SUITES),
+                    help="--suite: which models (deepseek: the DeepSeek-V3 family)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1234, help="token sequence seed")
     ap.add_argument("--tol", type=float, default=DEFAULT_TOL)
@@ -321,10 +386,11 @@ def main(argv=None):
         print(line, flush=True)
         return 0 if ok else 1
 
-    names = [n for n in a.only.split(",") if n] or list(SUITE)
-    unknown = [n for n in names if n not in SUITE]
+    suite = SUITES[a.set]
+    names = [n for n in a.only.split(",") if n] or list(suite)
+    unknown = [n for n in names if n not in suite]
     if unknown:
-        ap.error(f"unknown suite model(s): {', '.join(unknown)}; known: {', '.join(SUITE)}")
+        ap.error(f"unknown suite model(s): {', '.join(unknown)}; known: {', '.join(suite)}")
     # Models are independent: check them concurrently (the engine's start-up, not
     # the tiny forward passes, dominates), printing in suite order.
     from concurrent.futures import ThreadPoolExecutor
@@ -334,7 +400,7 @@ def main(argv=None):
         for n in names:
             d = os.path.join(a.dir, n)
             try:
-                ensure_model(d, SUITE[n])
+                ensure_model(d, suite[n])
             except (Exception, SystemExit) as e:
                 futs.append((n, None, f"FAIL {n} cannot generate the model: {e}"))
                 continue
