@@ -131,123 +131,187 @@ static int replay(const df_trace *t, df_cache *c, const uint64_t *next, int warm
     return 0;
 }
 
-int df_cache_sim_main(int argc, char **argv) {
-    const char *trace_path = NULL, *policies = "all", *heat_path = NULL, *save_heat = NULL;
-    long slots = -1, warmup = 0;
-    double fraction = -1, pin = 0, half_life = 0;
-    int verbose = 0;
+/* The command line. */
+typedef struct sim_args {
+    const char *trace_path, *policies, *heat_path, *save_heat;
+    long slots, warmup;
+    double fraction, pin, half_life;
+    int verbose;
     df_cache_tuning tuning;
-    memset(&tuning, 0, sizeof tuning);
+} sim_args;
 
-    for (int i = 0; i < argc; i++) { /* argv[0] is the first option, as main.c passes it */
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = 1;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--verbose")) {
-            verbose = 1;
-            takes = 0;
-        } else if (!v) {
-            fprintf(stderr, "cache-sim: %s needs a value (or is unknown)\n", a);
-            usage(stderr);
+/* An option with a value; 0, or the exit status of a bad value. */
+static int parse_value(sim_args *a, const char *o, const char *v) {
+    if (!strcmp(o, "--trace")) {
+        a->trace_path = v;
+    } else if (!strcmp(o, "--policy")) {
+        a->policies = v;
+    } else if (!strcmp(o, "--heat")) {
+        a->heat_path = v;
+    } else if (!strcmp(o, "--save-heat")) {
+        a->save_heat = v;
+    } else if (!strcmp(o, "--slots")) {
+        if (parse_long(v, &a->slots) || a->slots < 1) {
+            fprintf(stderr, "cache-sim: --slots needs a positive integer, got '%s'\n", v);
             return 2;
-        } else if (!strcmp(a, "--trace")) {
-            trace_path = v;
-        } else if (!strcmp(a, "--policy")) {
-            policies = v;
-        } else if (!strcmp(a, "--heat")) {
-            heat_path = v;
-        } else if (!strcmp(a, "--save-heat")) {
-            save_heat = v;
-        } else if (!strcmp(a, "--slots")) {
-            if (parse_long(v, &slots) || slots < 1) {
-                fprintf(stderr, "cache-sim: --slots needs a positive integer, got '%s'\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--fraction")) {
-            if (parse_double(v, &fraction) || !(fraction > 0 && fraction <= 1)) {
-                fprintf(stderr, "cache-sim: --fraction needs a number in (0, 1], got '%s'\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--warmup")) {
-            if (parse_long(v, &warmup) || warmup < 0) {
-                fprintf(stderr, "cache-sim: --warmup needs a token count >= 0, got '%s'\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--pin")) {
-            if (parse_double(v, &pin) || !(pin >= 0 && pin <= 1)) {
-                fprintf(stderr, "cache-sim: --pin needs a fraction in [0, 1], got '%s'\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--half-life")) {
-            if (parse_double(v, &half_life) || !(half_life > 0)) {
-                fprintf(stderr, "cache-sim: --half-life needs a positive token count, got '%s'\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--tune")) {
-            if (parse_tuning(v, &tuning)) return 2;
-        } else {
-            fprintf(stderr, "cache-sim: unknown option '%s'\n", a);
+        }
+    } else if (!strcmp(o, "--fraction")) {
+        if (parse_double(v, &a->fraction) || !(a->fraction > 0 && a->fraction <= 1)) {
+            fprintf(stderr, "cache-sim: --fraction needs a number in (0, 1], got '%s'\n", v);
+            return 2;
+        }
+    } else if (!strcmp(o, "--warmup")) {
+        if (parse_long(v, &a->warmup) || a->warmup < 0) {
+            fprintf(stderr, "cache-sim: --warmup needs a token count >= 0, got '%s'\n", v);
+            return 2;
+        }
+    } else if (!strcmp(o, "--pin")) {
+        if (parse_double(v, &a->pin) || !(a->pin >= 0 && a->pin <= 1)) {
+            fprintf(stderr, "cache-sim: --pin needs a fraction in [0, 1], got '%s'\n", v);
+            return 2;
+        }
+    } else if (!strcmp(o, "--half-life")) {
+        if (parse_double(v, &a->half_life) || !(a->half_life > 0)) {
+            fprintf(stderr, "cache-sim: --half-life needs a positive token count, got '%s'\n", v);
+            return 2;
+        }
+    } else if (!strcmp(o, "--tune")) {
+        if (parse_tuning(v, &a->tuning)) return 2;
+    } else {
+        fprintf(stderr, "cache-sim: unknown option '%s'\n", o);
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* 0, -1 after --help (exit 0), or the exit status of a bad command line. */
+static int parse_args(int argc, char **argv, sim_args *a) {
+    memset(a, 0, sizeof *a);
+    a->policies = "all";
+    a->slots = -1;
+    a->fraction = -1;
+    for (int i = 0; i < argc; i++) { /* argv[0] is the first option, as main.c passes it */
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            return -1;
+        } else if (!strcmp(o, "--verbose")) {
+            a->verbose = 1;
+            continue;
+        } else if (!v) {
+            fprintf(stderr, "cache-sim: %s needs a value (or is unknown)\n", o);
             usage(stderr);
             return 2;
         }
-        i += takes;
+        int rc = parse_value(a, o, v);
+        if (rc) return rc;
+        i++;
     }
-    if (!trace_path) {
+    if (!a->trace_path) {
         fprintf(stderr, "cache-sim: --trace is required\n");
         usage(stderr);
         return 2;
     }
-    if ((slots > 0) == (fraction > 0)) {
+    if ((a->slots > 0) == (a->fraction > 0)) {
         fprintf(stderr, "cache-sim: give exactly one of --slots and --fraction\n");
         return 2;
     }
-    if (pin > 0 && !heat_path) {
+    if (a->pin > 0 && !a->heat_path) {
         fprintf(stderr, "cache-sim: --pin needs --heat (pinning ranks experts by persisted heat)\n");
         return 2;
     }
+    return 0;
+}
 
-    /* policies to run, in the order given */
-    int run[DF_POLICY_COUNT * 4], n_run = 0;
-    {
-        char *dup = df_xstrdup(policies), *save = NULL;
-        for (char *p = strtok_r(dup, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-            if (!strcmp(p, "all")) {
-                int order[] = {DF_POLICY_DELTAFIN, DF_POLICY_LRU, DF_POLICY_BELADY};
-                for (int j = 0; j < 3 && n_run < (int)(sizeof run / sizeof *run); j++)
-                    run[n_run++] = order[j];
-                continue;
-            }
-            int pol = df_cache_policy_from_name(p);
-            if (pol < 0) {
-                fprintf(stderr, "cache-sim: unknown policy '%s' (deltafin, lru, belady, all)\n", p);
-                free(dup);
-                return 2;
-            }
-            if (n_run < (int)(sizeof run / sizeof *run)) run[n_run++] = pol;
+/* The policies to run, in the order given; their count, or 0 after an error. */
+static int parse_policies(const char *policies, int *run, int cap) {
+    int n_run = 0;
+    char *dup = df_xstrdup(policies), *save = NULL;
+    for (char *p = strtok_r(dup, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(p, "all")) {
+            int order[] = {DF_POLICY_DELTAFIN, DF_POLICY_LRU, DF_POLICY_BELADY};
+            for (int j = 0; j < 3 && n_run < cap; j++) run[n_run++] = order[j];
+            continue;
         }
-        free(dup);
-        if (!n_run) {
-            fprintf(stderr, "cache-sim: --policy lists no policy\n");
-            return 2;
+        int pol = df_cache_policy_from_name(p);
+        if (pol < 0) {
+            fprintf(stderr, "cache-sim: unknown policy '%s' (deltafin, lru, belady, all)\n", p);
+            free(dup);
+            return 0;
         }
+        if (n_run < cap) run[n_run++] = pol;
     }
+    free(dup);
+    if (!n_run) fprintf(stderr, "cache-sim: --policy lists no policy\n");
+    return n_run;
+}
+
+static void print_hazard(const df_cache *c) {
+    double H[4096];
+    int nm, nb;
+    if (df_cache_hazard(c, H, 4096, &nm, &nb) <= 0) return;
+    if (nm * nb > 4096) nm = 4096 / nb;
+    printf("  hazard H[m][b] (rows: missed opportunities m; cols: heat bucket b)\n");
+    for (int m = 0; m < nm; m++) {
+        printf("  m=%-3d", m);
+        for (int b = 0; b < nb; b++) printf(" %.3f", H[m * nb + b]);
+        printf("\n");
+    }
+}
+
+/* One policy over the whole trace, and its line; save: write the heat after. */
+static int run_policy(const sim_args *a, const df_trace *t, const uint64_t *next, df_cache_opts *o,
+                      bool save) {
+    df_error err;
+    df_cache *c;
+    if (df_cache_new(&c, o, &err) != DF_OK) {
+        fprintf(stderr, "cache-sim: %s\n", err.msg);
+        return -1;
+    }
+    double t0 = df_now();
+    sim_result r;
+    replay(t, c, next, (int)a->warmup, &r);
+    double dt = df_now() - t0;
+    const df_cache_stats *st = df_cache_get_stats(c);
+    printf("%-9s hit rate %6.2f%%  hits %llu  misses %llu  accesses %llu  bypassed %llu  "
+           "(%.2f s)\n",
+           df_cache_policy_name(o->policy),
+           r.accesses ? 100.0 * (double)r.hits / (double)r.accesses : 0.0,
+           (unsigned long long)r.hits, (unsigned long long)(r.accesses - r.hits),
+           (unsigned long long)r.accesses, (unsigned long long)st->bypassed, dt);
+    if (a->verbose && o->policy == DF_POLICY_DELTAFIN) print_hazard(c);
+    int rc = 0;
+    if (save && df_heat_save(df_cache_heat(c), a->save_heat, &err) != DF_OK) {
+        fprintf(stderr, "cache-sim: %s\n", err.msg);
+        rc = 1;
+    }
+    df_cache_free(c);
+    return rc;
+}
+
+int df_cache_sim_main(int argc, char **argv) {
+    sim_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    int run[DF_POLICY_COUNT * 4];
+    int n_run = parse_policies(a.policies, run, (int)(sizeof run / sizeof *run));
+    if (!n_run) return 2;
 
     df_error err;
     df_trace t;
-    if (df_trace_load(&t, trace_path, &err) != DF_OK) {
+    if (df_trace_load(&t, a.trace_path, &err) != DF_OK) {
         fprintf(stderr, "cache-sim: %s\n", err.msg);
         return 1;
     }
     int n_keys = t.n_layers * t.n_experts;
-    int n_slots = slots > 0 ? (slots > n_keys ? n_keys : (int)slots)
-                            : (int)(fraction * n_keys + 0.5);
+    int n_slots = a.slots > 0 ? (a.slots > n_keys ? n_keys : (int)a.slots)
+                              : (int)(a.fraction * n_keys + 0.5);
     if (n_slots < 1) n_slots = 1;
-    int n_pinned = (int)(pin * n_slots + 0.5);
-    if (warmup >= t.n_tokens && t.n_tokens > 0) {
-        fprintf(stderr, "cache-sim: --warmup %ld leaves none of the %d tokens\n", warmup,
+    int n_pinned = (int)(a.pin * n_slots + 0.5);
+    if (a.warmup >= t.n_tokens && t.n_tokens > 0) {
+        fprintf(stderr, "cache-sim: --warmup %ld leaves none of the %d tokens\n", a.warmup,
                 t.n_tokens);
         df_trace_free(&t);
         return 2;
@@ -255,74 +319,33 @@ int df_cache_sim_main(int argc, char **argv) {
 
     df_heat heat;
     int have_heat = 0, status = 0;
-    if (heat_path) {
-        if (df_heat_init(&heat, t.n_layers, t.n_experts, half_life, &err) != DF_OK) {
+    if (a.heat_path) {
+        if (df_heat_init(&heat, t.n_layers, t.n_experts, a.half_life, &err) != DF_OK) {
             fprintf(stderr, "cache-sim: %s\n", err.msg);
             df_trace_free(&t);
             return 1;
         }
-        df_heat_load_result hr = df_heat_load(&heat, heat_path, &err);
+        df_heat_load_result hr = df_heat_load(&heat, a.heat_path, &err);
         if (hr != DF_HEAT_LOADED) fprintf(stderr, "cache-sim: warning: %s\n", err.msg);
         have_heat = 1;
     }
 
     printf("trace %s: %d tokens in %d sequences, %d layers x %d experts, top-%d\n",
-           trace_path, t.n_tokens, t.n_seqs, t.n_layers, t.n_experts, t.top_k);
+           a.trace_path, t.n_tokens, t.n_seqs, t.n_layers, t.n_experts, t.top_k);
     printf("cache %d slots (%.1f%% of %d experts)", n_slots, 100.0 * n_slots / n_keys, n_keys);
-    if (n_pinned) printf(", %d pinned from %s", n_pinned, heat_path);
-    if (warmup) printf(", first %ld tokens not counted", warmup);
+    if (n_pinned) printf(", %d pinned from %s", n_pinned, a.heat_path);
+    if (a.warmup) printf(", first %ld tokens not counted", a.warmup);
     printf("\n");
 
     uint64_t *next = next_uses(&t);
     for (int i = 0; i < n_run; i++) {
-        df_cache_opts o;
-        memset(&o, 0, sizeof o);
-        o.n_layers = t.n_layers;
-        o.n_experts = t.n_experts;
-        o.top_k = t.top_k;
-        o.n_slots = n_slots;
-        o.policy = (df_cache_policy)run[i];
-        o.heat_half_life = half_life;
-        o.initial_heat = have_heat ? &heat : NULL;
-        o.n_pinned = n_pinned;
-        o.tuning = tuning;
-        df_cache *c;
-        if (df_cache_new(&c, &o, &err) != DF_OK) {
-            fprintf(stderr, "cache-sim: %s\n", err.msg);
-            status = 1;
-            break;
-        }
-        double t0 = df_now();
-        sim_result r;
-        replay(&t, c, next, (int)warmup, &r);
-        double dt = df_now() - t0;
-        const df_cache_stats *st = df_cache_get_stats(c);
-        printf("%-9s hit rate %6.2f%%  hits %llu  misses %llu  accesses %llu  bypassed %llu  "
-               "(%.2f s)\n",
-               df_cache_policy_name(o.policy),
-               r.accesses ? 100.0 * (double)r.hits / (double)r.accesses : 0.0,
-               (unsigned long long)r.hits, (unsigned long long)(r.accesses - r.hits),
-               (unsigned long long)r.accesses, (unsigned long long)st->bypassed, dt);
-        if (verbose && o.policy == DF_POLICY_DELTAFIN) {
-            double H[4096];
-            int nm, nb;
-            if (df_cache_hazard(c, H, 4096, &nm, &nb) > 0) {
-                if (nm * nb > 4096) nm = 4096 / nb;
-                printf("  hazard H[m][b] (rows: missed opportunities m; cols: heat bucket b)\n");
-                for (int m = 0; m < nm; m++) {
-                    printf("  m=%-3d", m);
-                    for (int b = 0; b < nb; b++) printf(" %.3f", H[m * nb + b]);
-                    printf("\n");
-                }
-            }
-        }
-        if (save_heat && i == n_run - 1) {
-            if (df_heat_save(df_cache_heat(c), save_heat, &err) != DF_OK) {
-                fprintf(stderr, "cache-sim: %s\n", err.msg);
-                status = 1;
-            }
-        }
-        df_cache_free(c);
+        df_cache_opts o = {.n_layers = t.n_layers, .n_experts = t.n_experts, .top_k = t.top_k,
+                           .n_slots = n_slots, .policy = (df_cache_policy)run[i],
+                           .heat_half_life = a.half_life, .initial_heat = have_heat ? &heat : NULL,
+                           .n_pinned = n_pinned, .tuning = a.tuning};
+        int r = run_policy(&a, &t, next, &o, a.save_heat && i == n_run - 1);
+        if (r) status = 1;
+        if (r < 0) break;
     }
     free(next);
     if (have_heat) df_heat_free(&heat);

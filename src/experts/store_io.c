@@ -22,11 +22,11 @@
 
 #define RING_DEPTH 128
 /* Prefetch pieces: a demand read waits behind at most PF_INFLIGHT of them
- * (the sizes were measured: docs/expert-store.md, "Prefetch reads"). */
+ * (the sizes were measured: docs/expert-store.md, "The read path"). */
 #define PF_CHUNK ((uint64_t)1 << 18)
 #define PF_INFLIGHT 2
-/* A blocking wait polls this long before it sleeps: waking a sleeping thread
- * cost more than a read (docs/expert-store.md, "Waiting for a read"). */
+/* A blocking wait polls this long before it sleeps: a sleeping thread woke
+ * late when its read landed (docs/expert-store.md, "The read path"). */
 #define IO_SPIN_S 0.010
 
 /* ---- the read sources ------------------------------------------------------------ */
