@@ -153,7 +153,7 @@ static void fill_queue(df_store *s) {
         any = true;
     }
     s->n_queue = kept;
-    if (any) io_uring_submit(&s->ring);
+    if (any) store_io_submit(s);
 }
 
 /* Frame `in` joins the pool in place of frame `out`, in frame order. */
@@ -247,7 +247,7 @@ int df_store_begin_layer(df_store *s, int layer, const int *experts, int n, df_e
     if (s->pf)
         for (int p = 0; p < s->n_pool; p++)
             if (s->slots[s->pool[p]].pf_layer == layer) waste(s, s->pool[p]);
-    io_uring_submit(&s->ring);
+    store_io_submit(s);
     fill_queue(s);
     store_pump(s);
     return DF_OK;
@@ -299,7 +299,7 @@ int df_store_next(df_store *s, int cap, int *ids, df_expert_w *w, int *n_out, df
         if ((*n_out = hand_out(s, s->n_queue ? 1 : cap, ids, w)) > 0) return DF_OK;
         if (s->failed) continue;
         /* nothing ready: block on the disk */
-        io_uring_submit(&s->ring);
+        store_io_submit(s);
         if (s->demand_inflight + s->pf_inflight == 0) {
             s->failed = true;
             return df_fail(err, DF_ERR_IO, "expert store: layer %d waits for a read never issued",

@@ -128,6 +128,7 @@ void store_op_geometry(const df_store *s, int layer, int e, int i, int *fd, uint
 
 int store_io_open(df_store *s, df_error *err);
 void store_io_close(df_store *s); /* drains reads still in flight */
+void store_io_submit(df_store *s); /* hands the queued reads to the kernel */
 void store_submit_op(df_store *s, int si, int op, bool demand);
 void store_start_read(df_store *s, int si, bool demand);
 void store_pump(df_store *s);

@@ -128,6 +128,8 @@ void store_io_close(df_store *s) {
     io_uring_queue_exit(&s->ring);
 }
 
+void store_io_submit(df_store *s) { io_uring_submit(&s->ring); }
+
 /* Submits (the rest of) operation op of slot si; a prefetch only one piece. */
 void store_submit_op(df_store *s, int si, int op, bool demand) {
     slot *x = &s->slots[si];
