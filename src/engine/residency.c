@@ -16,14 +16,6 @@ static bool is_expert_tensor(const df_model *m, const df_tensor *t) {
     return m->is_expert[df_st_index(m->st, t)];
 }
 
-#ifndef MADV_HUGEPAGE
-#define MADV_HUGEPAGE 14
-#define MADV_NOHUGEPAGE 15
-#endif
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-
 /* The page-aligned range [*a, *a + *len) covering tensor t. */
 static void tensor_pages(const df_tensor *t, long pg, uintptr_t *a, size_t *len) {
     *a = (uintptr_t)t->data & ~(uintptr_t)(pg - 1);
@@ -49,22 +41,14 @@ void df_engine_prefault(const df_model *m, bool experts_too, const bool *done) {
         uintptr_t a;
         size_t len;
         tensor_pages(t, pg, &a, &len);
-        madvise((void *)a, len, MADV_NOHUGEPAGE);
+        df_advise_no_huge((void *)a, len);
     }
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
         if (!t->nbytes || (!experts_too && is_expert_tensor(m, t)) || (done && done[t->file]) ||
             df_model_ram_copy(m, t))
             continue;
-        uintptr_t a;
-        size_t len;
-        tensor_pages(t, pg, &a, &len);
-        if (madvise((void *)a, len, MADV_POPULATE_READ) == 0) continue;
-        volatile const char *p = t->data; /* older kernels: touch every page */
-        char sink = 0;
-        for (uint64_t o = 0; o < t->nbytes; o += (uint64_t)pg) sink ^= p[o];
-        sink ^= p[t->nbytes - 1];
-        (void)sink;
+        df_prefault_read(t->data, t->nbytes);
     }
 }
 
@@ -139,9 +123,9 @@ static void drop_range(const df_model *m, int f, span s, uint64_t off, uintptr_t
  * the check below failed at every start and the whole file was dropped and
  * read back from storage each time. */
 static bool populate_span(span s, uintptr_t c, uintptr_t ce) {
-    bool ok = madvise((void *)c, ce - c, MADV_POPULATE_READ) == 0;
-    ok &= madvise((void *)s.lo, c - s.lo, MADV_POPULATE_READ) == 0;
-    ok &= madvise((void *)ce, s.hi - ce, MADV_POPULATE_READ) == 0;
+    bool ok = df_populate_read((void *)c, ce - c);
+    ok &= df_populate_read((void *)s.lo, c - s.lo);
+    ok &= df_populate_read((void *)ce, s.hi - ce);
     return ok;
 }
 
@@ -159,7 +143,7 @@ static void huge_weights(const df_model *m, bool *done) {
         uintptr_t c = (s.lo + HUGE_SZ - 1) & ~(HUGE_SZ - 1); /* first whole 2 MiB chunk */
         uintptr_t ce = s.hi & ~(HUGE_SZ - 1);                /* end of the last one */
         if (s.hi <= s.lo || c + HUGE_SZ > s.hi) continue;
-        madvise((void *)s.lo, s.hi - s.lo, MADV_HUGEPAGE);
+        df_advise_huge((void *)s.lo, s.hi - s.lo);
         done[f] = populate_span(s, c, ce);
         pmd_info a, b;
         if (!done[f] || !span_pmd(s, &a) || a.pmd >= (ce - c) / 10 * 9) continue;
@@ -167,7 +151,7 @@ static void huge_weights(const df_model *m, bool *done) {
          * (Not without file THP in this kernel and file system: then the file
          * is left as it is, at the price of one 2 MiB read.) */
         drop_range(m, f, s, a.off, c, c + HUGE_SZ);
-        done[f] = done[f] && madvise((void *)c, HUGE_SZ, MADV_POPULATE_READ) == 0;
+        done[f] = done[f] && df_populate_read((void *)c, HUGE_SZ);
         if (!span_pmd(s, &b) || b.pmd < a.pmd + HUGE_SZ) continue;
         drop_range(m, f, s, a.off, s.lo, s.hi);
         done[f] = populate_span(s, c, ce); /* read back, as huge folios now */

@@ -308,8 +308,7 @@ void df_cache_free(df_cache *c) {
     free(c);
 }
 
-int df_cache_new(df_cache **out, const df_cache_opts *o, df_error *err) {
-    *out = NULL;
+static int check_opts(const df_cache_opts *o, df_error *err) {
     if (!o) return df_fail(err, DF_ERR_ARG, "cache: no options");
     if (o->n_layers < 1 || o->n_experts < 1 || o->n_layers > 65536 || o->n_experts > 65536 ||
         (int64_t)o->n_layers * o->n_experts > (1 << 26))
@@ -338,20 +337,11 @@ int df_cache_new(df_cache **out, const df_cache_opts *o, df_error *err) {
         tu->max_missed > 4096 || tu->relearn_tokens < 0 || tu->admit_factor < 0 ||
         tu->learn_half_life < 0 || tu->prior_tokens < 0)
         return df_fail(err, DF_ERR_ARG, "cache: tuning out of range");
+    return DF_OK;
+}
 
-    df_cache *c = df_xcalloc(1, sizeof *c);
-    c->policy = o->policy;
-    c->L = o->n_layers;
-    c->E = o->n_experts;
-    c->K = o->top_k;
-    c->nk = c->L * c->E;
-    c->n_slots = o->n_slots > c->nk ? c->nk : o->n_slots;
-    int rc = o->initial_heat ? df_heat_copy(&c->heat, o->initial_heat, err)
-                             : df_heat_init(&c->heat, c->L, c->E, o->heat_half_life, err);
-    if (rc) {
-        free(c);
-        return rc;
-    }
+/* The per-key and per-slot arrays every policy uses, all empty. */
+static void alloc_common(df_cache *c) {
     size_t nk = (size_t)c->nk, ns = (size_t)c->n_slots;
     c->slot_of = df_xmalloc(nk * sizeof *c->slot_of);
     c->last_tok = df_xmalloc(nk * sizeof *c->last_tok);
@@ -374,7 +364,12 @@ int df_cache_new(df_cache **out, const df_cache_opts *o, df_error *err) {
     c->head = c->tail = -1;
     c->cur_l = -1;
     c->stamp = 1;
+}
 
+/* The tuning (kept for every policy), and deltafin's lists, hazard table and
+ * tree, and its view of the heat. */
+static int init_deltafin(df_cache *c, const df_cache_opts *o, df_error *err) {
+    const df_cache_tuning *tu = &o->tuning;
     c->NB = tu->n_buckets ? tu->n_buckets : NB_MAX;
     c->M = tu->max_missed ? tu->max_missed : 16;
     c->relearn = tu->relearn_tokens ? tu->relearn_tokens : 8;
@@ -382,45 +377,48 @@ int df_cache_new(df_cache **out, const df_cache_opts *o, df_error *err) {
     c->learn_decay = tu->learn_half_life > 0 ? exp2(-(double)c->relearn / tu->learn_half_life)
                                              : 1.0;
     c->p0 = (double)c->K / (double)c->E;
-    if (c->policy == DF_POLICY_DELTAFIN) {
-        c->n_lists = c->L * c->NB;
-        c->lhead = df_xmalloc((size_t)c->n_lists * sizeof *c->lhead);
-        c->ltail = df_xmalloc((size_t)c->n_lists * sizeof *c->ltail);
-        for (int i = 0; i < c->n_lists; i++) c->lhead[i] = c->ltail[i] = -1;
-        size_t nh = (size_t)(c->M + 1) * (size_t)c->NB;
-        c->num = df_xcalloc(nh, sizeof *c->num);
-        c->den = df_xcalloc(nh, sizeof *c->den);
-        c->H = df_xcalloc(nh, sizeof *c->H);
-        rc = o->initial_heat ? df_heat_copy(&c->rank, o->initial_heat, err)
+    if (c->policy != DF_POLICY_DELTAFIN) return DF_OK;
+    c->n_lists = c->L * c->NB;
+    c->lhead = df_xmalloc((size_t)c->n_lists * sizeof *c->lhead);
+    c->ltail = df_xmalloc((size_t)c->n_lists * sizeof *c->ltail);
+    for (int i = 0; i < c->n_lists; i++) c->lhead[i] = c->ltail[i] = -1;
+    size_t nh = (size_t)(c->M + 1) * (size_t)c->NB;
+    c->num = df_xcalloc(nh, sizeof *c->num);
+    c->den = df_xcalloc(nh, sizeof *c->den);
+    c->H = df_xcalloc(nh, sizeof *c->H);
+    int rc = o->initial_heat ? df_heat_copy(&c->rank, o->initial_heat, err)
                              : df_heat_init(&c->rank, c->L, c->E, o->heat_half_life, err);
-        if (rc) {
-            df_cache_free(c);
-            return rc;
-        }
-        /* a histogram from another workload must not outvote this run for long */
-        double prior = tu->prior_tokens > 0 ? tu->prior_tokens : 128.0;
-        if (c->rank.norm > prior) df_heat_scale(&c->rank, prior / c->rank.norm);
-        c->P = 1;
-        while (c->P < c->n_lists) c->P *= 2;
-        c->leafv = df_xcalloc((size_t)c->P, sizeof *c->leafv);
-        c->tree = df_xmalloc(2 * (size_t)c->P * sizeof *c->tree);
-        relearn(c);
-        tree_rebuild(c);
-        /* a persisted histogram gives the buckets meaning from the first token */
-        for (int i = 0; i < c->nk; i++) c->bucket[i] = (uint8_t)heat_bucket(c, i);
-    }
-    if (c->policy == DF_POLICY_BELADY) {
-        c->key_next = df_xmalloc(nk * sizeof *c->key_next);
-        for (size_t i = 0; i < nk; i++) c->key_next[i] = UINT64_MAX;
-        c->nu = df_xmalloc(ns * sizeof *c->nu);
-        c->heap = df_xmalloc(ns * sizeof *c->heap);
-        c->hpos = df_xmalloc(ns * sizeof *c->hpos);
-        c->stash = df_xmalloc(ns * sizeof *c->stash);
-        c->order = df_xmalloc((size_t)c->E * sizeof *c->order);
-        for (size_t i = 0; i < ns; i++) c->hpos[i] = -1;
-    }
+    if (rc) return rc;
+    /* a histogram from another workload must not outvote this run for long */
+    double prior = tu->prior_tokens > 0 ? tu->prior_tokens : 128.0;
+    if (c->rank.norm > prior) df_heat_scale(&c->rank, prior / c->rank.norm);
+    c->P = 1;
+    while (c->P < c->n_lists) c->P *= 2;
+    c->leafv = df_xcalloc((size_t)c->P, sizeof *c->leafv);
+    c->tree = df_xmalloc(2 * (size_t)c->P * sizeof *c->tree);
+    relearn(c);
+    tree_rebuild(c);
+    /* a persisted histogram gives the buckets meaning from the first token */
+    for (int i = 0; i < c->nk; i++) c->bucket[i] = (uint8_t)heat_bucket(c, i);
+    return DF_OK;
+}
 
-    /* pinned tier: the hottest persisted entries, resident for good */
+static void init_belady(df_cache *c) {
+    if (c->policy != DF_POLICY_BELADY) return;
+    size_t nk = (size_t)c->nk, ns = (size_t)c->n_slots;
+    c->key_next = df_xmalloc(nk * sizeof *c->key_next);
+    for (size_t i = 0; i < nk; i++) c->key_next[i] = UINT64_MAX;
+    c->nu = df_xmalloc(ns * sizeof *c->nu);
+    c->heap = df_xmalloc(ns * sizeof *c->heap);
+    c->hpos = df_xmalloc(ns * sizeof *c->hpos);
+    c->stash = df_xmalloc(ns * sizeof *c->stash);
+    c->order = df_xmalloc((size_t)c->E * sizeof *c->order);
+    for (size_t i = 0; i < ns; i++) c->hpos[i] = -1;
+}
+
+/* The pinned tier: the hottest persisted entries, resident for good; the
+ * other slots are free. */
+static void pin_hottest(df_cache *c, const df_cache_opts *o) {
     int np = 0;
     if (o->n_pinned > 0) {
         int32_t *top = df_xmalloc((size_t)o->n_pinned * sizeof *top);
@@ -434,6 +432,32 @@ int df_cache_new(df_cache **out, const df_cache_opts *o, df_error *err) {
     }
     c->n_pinned = np;
     for (int s = c->n_slots - 1; s >= np; s--) c->free_stack[c->n_free++] = s;
+}
+
+int df_cache_new(df_cache **out, const df_cache_opts *o, df_error *err) {
+    *out = NULL;
+    int rc = check_opts(o, err);
+    if (rc) return rc;
+    df_cache *c = df_xcalloc(1, sizeof *c);
+    c->policy = o->policy;
+    c->L = o->n_layers;
+    c->E = o->n_experts;
+    c->K = o->top_k;
+    c->nk = c->L * c->E;
+    c->n_slots = o->n_slots > c->nk ? c->nk : o->n_slots;
+    rc = o->initial_heat ? df_heat_copy(&c->heat, o->initial_heat, err)
+                         : df_heat_init(&c->heat, c->L, c->E, o->heat_half_life, err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    alloc_common(c);
+    if ((rc = init_deltafin(c, o, err))) {
+        df_cache_free(c);
+        return rc;
+    }
+    init_belady(c);
+    pin_hottest(c, o);
     *out = c;
     return DF_OK;
 }
@@ -677,12 +701,13 @@ int df_cache_hazard(const df_cache *c, double *out, int cap, int *n_missed, int 
 
 /* ---- self-check (tests) ----------------------------------------------------- */
 
-int df_cache_check(const df_cache *c, df_error *err) {
-    int cached = 0;
+/* Slots and keys map each other, and every slot is used or free. */
+static int check_slots(const df_cache *c, int *cached, df_error *err) {
+    *cached = 0;
     for (int s = 0; s < c->n_slots; s++) {
         int32_t k = c->key[s];
         if (k < 0) continue;
-        cached++;
+        (*cached)++;
         if (k >= c->nk || c->slot_of[k] != s)
             return df_fail(err, DF_ERR_FORMAT, "slot %d holds key %d but slot_of says %d", s,
                            (int)k, k < c->nk ? (int)c->slot_of[k] : -2);
@@ -690,75 +715,98 @@ int df_cache_check(const df_cache *c, df_error *err) {
     int mapped = 0;
     for (int k = 0; k < c->nk; k++)
         if (c->slot_of[k] >= 0) mapped++;
-    if (mapped != cached)
-        return df_fail(err, DF_ERR_FORMAT, "%d keys mapped, %d slots used", mapped, cached);
-    if (cached + c->n_free != c->n_slots)
-        return df_fail(err, DF_ERR_FORMAT, "%d used + %d free != %d slots", cached, c->n_free,
+    if (mapped != *cached)
+        return df_fail(err, DF_ERR_FORMAT, "%d keys mapped, %d slots used", mapped, *cached);
+    if (*cached + c->n_free != c->n_slots)
+        return df_fail(err, DF_ERR_FORMAT, "%d used + %d free != %d slots", *cached, c->n_free,
                        c->n_slots);
-    int in_lists = 0;
-    if (c->policy == DF_POLICY_LRU) {
-        for (int32_t s = c->head, p = -1; s >= 0; p = s, s = c->next[s]) {
-            if (c->prev[s] != p) return df_fail(err, DF_ERR_FORMAT, "lru: broken link at %d", s);
-            if (++in_lists > c->n_slots) return df_fail(err, DF_ERR_FORMAT, "lru: cycle");
-        }
-    } else if (c->policy == DF_POLICY_BELADY) {
-        in_lists = c->heap_n;
-        for (int i = 1; i < c->heap_n; i++)
-            if (c->nu[c->heap[(i - 1) / 2]] < c->nu[c->heap[i]])
-                return df_fail(err, DF_ERR_FORMAT, "belady: heap order broken at %d", i);
-        for (int i = 0; i < c->heap_n; i++)
-            if (c->hpos[c->heap[i]] != i)
-                return df_fail(err, DF_ERR_FORMAT, "belady: heap position of %d", i);
-    } else {
-        for (int list = 0; list < c->n_lists; list++) {
-            int64_t newer = INT64_MAX;
-            for (int32_t s = c->lhead[list], p = -1; s >= 0; p = s, s = c->next[s]) {
-                int32_t k = c->key[s];
-                if (c->prev[s] != p || c->list_of[s] != list)
-                    return df_fail(err, DF_ERR_FORMAT, "deltafin: list %d broken at %d", list, s);
-                if (k / c->E != list / c->NB || c->bucket[k] != list % c->NB)
-                    return df_fail(err, DF_ERR_FORMAT, "deltafin: key %d in wrong list %d",
-                                   (int)k, list);
-                if (c->last_tok[k] > newer)
-                    return df_fail(err, DF_ERR_FORMAT, "deltafin: list %d not in recency order",
-                                   list);
-                newer = c->last_tok[k];
-                if (++in_lists > c->n_slots)
-                    return df_fail(err, DF_ERR_FORMAT, "deltafin: cycle");
-            }
-            if (c->leafv[list] != leaf_value(c, list))
-                return df_fail(err, DF_ERR_FORMAT, "deltafin: stale leaf %d", list);
-        }
-        /* the tree's answer against a scan of every cached, unprotected entry */
-        int got = deltafin_victim_list(c);
-        double best = INF_H;
-        int best_dist = -1;
-        int l = c->cur_l < 0 ? 0 : c->cur_l;
-        for (int s = 0; s < c->n_slots; s++) {
+    return DF_OK;
+}
+
+static int check_lru(const df_cache *c, int *in_lists, df_error *err) {
+    for (int32_t s = c->head, p = -1; s >= 0; p = s, s = c->next[s]) {
+        if (c->prev[s] != p) return df_fail(err, DF_ERR_FORMAT, "lru: broken link at %d", s);
+        if (++*in_lists > c->n_slots) return df_fail(err, DF_ERR_FORMAT, "lru: cycle");
+    }
+    return DF_OK;
+}
+
+static int check_belady(const df_cache *c, int *in_lists, df_error *err) {
+    *in_lists = c->heap_n;
+    for (int i = 1; i < c->heap_n; i++)
+        if (c->nu[c->heap[(i - 1) / 2]] < c->nu[c->heap[i]])
+            return df_fail(err, DF_ERR_FORMAT, "belady: heap order broken at %d", i);
+    for (int i = 0; i < c->heap_n; i++)
+        if (c->hpos[c->heap[i]] != i)
+            return df_fail(err, DF_ERR_FORMAT, "belady: heap position of %d", i);
+    return DF_OK;
+}
+
+/* deltafin's lists: linked, each in its (layer, bucket), in recency order, leaves fresh. */
+static int check_deltafin_lists(const df_cache *c, int *in_lists, df_error *err) {
+    for (int list = 0; list < c->n_lists; list++) {
+        int64_t newer = INT64_MAX;
+        for (int32_t s = c->lhead[list], p = -1; s >= 0; p = s, s = c->next[s]) {
             int32_t k = c->key[s];
-            if (k < 0 || c->pinned[s] || protected_key(c, k)) continue;
-            int kl = k / c->E;
-            int64_t m = c->tok - c->last_tok[k] - (kl > c->cur_l ? 1 : 0);
-            if (m < 0) m = 0;
-            if (m > c->M) m = c->M;
-            double h = c->H[m * c->NB + c->bucket[k]];
-            int dist = kl > l ? kl - l : c->L - l + kl;
-            if (h < best || (h == best && dist > best_dist)) {
-                best = h;
-                best_dist = dist;
-            }
+            if (c->prev[s] != p || c->list_of[s] != list)
+                return df_fail(err, DF_ERR_FORMAT, "deltafin: list %d broken at %d", list, s);
+            if (k / c->E != list / c->NB || c->bucket[k] != list % c->NB)
+                return df_fail(err, DF_ERR_FORMAT, "deltafin: key %d in wrong list %d",
+                               (int)k, list);
+            if (c->last_tok[k] > newer)
+                return df_fail(err, DF_ERR_FORMAT, "deltafin: list %d not in recency order",
+                               list);
+            newer = c->last_tok[k];
+            if (++*in_lists > c->n_slots)
+                return df_fail(err, DF_ERR_FORMAT, "deltafin: cycle");
         }
-        if ((got < 0) != (best >= INF_H))
-            return df_fail(err, DF_ERR_FORMAT, "deltafin: victim %d, scan best %g", got, best);
-        if (got >= 0) {
-            int gl = got / c->NB;
-            int gd = gl > l ? gl - l : c->L - l + gl;
-            if (c->leafv[got] != best || gd != best_dist)
-                return df_fail(err, DF_ERR_FORMAT,
-                               "deltafin: tree picks H=%g dist=%d, scan H=%g dist=%d",
-                               c->leafv[got], gd, best, best_dist);
+        if (c->leafv[list] != leaf_value(c, list))
+            return df_fail(err, DF_ERR_FORMAT, "deltafin: stale leaf %d", list);
+    }
+    return DF_OK;
+}
+
+/* The tree's answer against a scan of every cached, unprotected entry. */
+static int check_deltafin_victim(const df_cache *c, df_error *err) {
+    int got = deltafin_victim_list(c);
+    double best = INF_H;
+    int best_dist = -1;
+    int l = c->cur_l < 0 ? 0 : c->cur_l;
+    for (int s = 0; s < c->n_slots; s++) {
+        int32_t k = c->key[s];
+        if (k < 0 || c->pinned[s] || protected_key(c, k)) continue;
+        int kl = k / c->E;
+        int64_t m = c->tok - c->last_tok[k] - (kl > c->cur_l ? 1 : 0);
+        if (m < 0) m = 0;
+        if (m > c->M) m = c->M;
+        double h = c->H[m * c->NB + c->bucket[k]];
+        int dist = kl > l ? kl - l : c->L - l + kl;
+        if (h < best || (h == best && dist > best_dist)) {
+            best = h;
+            best_dist = dist;
         }
     }
+    if ((got < 0) != (best >= INF_H))
+        return df_fail(err, DF_ERR_FORMAT, "deltafin: victim %d, scan best %g", got, best);
+    if (got >= 0) {
+        int gl = got / c->NB;
+        int gd = gl > l ? gl - l : c->L - l + gl;
+        if (c->leafv[got] != best || gd != best_dist)
+            return df_fail(err, DF_ERR_FORMAT,
+                           "deltafin: tree picks H=%g dist=%d, scan H=%g dist=%d",
+                           c->leafv[got], gd, best, best_dist);
+    }
+    return DF_OK;
+}
+
+int df_cache_check(const df_cache *c, df_error *err) {
+    int cached, in_lists = 0;
+    int rc = check_slots(c, &cached, err);
+    if (rc) return rc;
+    if (c->policy == DF_POLICY_LRU) rc = check_lru(c, &in_lists, err);
+    else if (c->policy == DF_POLICY_BELADY) rc = check_belady(c, &in_lists, err);
+    else if (!(rc = check_deltafin_lists(c, &in_lists, err))) rc = check_deltafin_victim(c, err);
+    if (rc) return rc;
     if (in_lists + c->n_pinned != cached)
         return df_fail(err, DF_ERR_FORMAT, "%d in policy structures + %d pinned != %d cached",
                        in_lists, c->n_pinned, cached);

@@ -16,21 +16,18 @@
  * prediction: each weighs MP_KEEP times the one after it, ~20 samples of
  * memory) over a prior of MP_PRIOR_USED used in MP_PRIOR_N: 0.33, below the
  * default threshold, so nothing is read until a bucket's shadow scoring has
- * shown it pays (2 of 2 used: 0.71). Starting optimistic read every rank
- * during the first steps, those of a cold cache with the most misses, and
- * cost the demo model 5 % over 128 tokens. */
+ * shown it pays (2 of 2 used: 0.71); an optimistic start cost more
+ * (docs/prefetch.md, "The gate"). */
 #define MP_KEEP 0.95
 #define MP_PRIOR_USED 0.5
 #define MP_PRIOR_N 1.5
 
 /* Read precision: of the predictions that were not cached when made (the only
- * ones a read-ahead can be spent on), the share the layer then used. Measured
- * on the demo model it is far below recall (0.07-0.20 against 0.6: what the
- * router gets right the cache mostly holds already) and depends on the rank of
- * the prediction in the router's top-k (0.84 for layer 3's first choice, 0.15
- * for its fourth), so it is kept per layer and per rank, plus one bucket for
- * the previous step's set, and scored for both predictors on every step on
- * which the router lookahead runs. */
+ * ones a read-ahead can be spent on), the share the layer then used. It is far
+ * below recall and depends on the prediction's rank in the router's top-k
+ * (docs/prefetch.md, "The gate"), so it is kept per layer and per rank, plus
+ * one bucket for the previous step's set, and scored for both predictors on
+ * every step on which the router lookahead runs. */
 typedef struct pf_layer {
     uint8_t *router;   /* [E] the router lookahead's set this step */
     uint8_t *rank;     /* [E] its best top-k rank in any row (valid where router[e]) */
@@ -44,11 +41,9 @@ typedef struct pf_layer {
 
 /* The time gate: PROBE_STEPS timed steps, prefetch on and off in the order
  * on off off on, on off off on, ... A trend in step time (a cache that is still
- * warming: the steps get faster by the token) then falls on both arms alike;
- * session 6's gate timed phases of 8 steps on, then 8 off, and on the warming
- * demo model measured prefetch 1.5-1.8x faster where it was slower. A step's
- * reads ahead are its own (the store drops what is left of them at its end),
- * so no step is left untimed. */
+ * warming: the steps get faster by the token) then falls on both arms alike
+ * (docs/prefetch.md, "The time gate"). A step's reads ahead are its own (the
+ * store drops what is left of them at its end), so no step is left untimed. */
 #define PROBE_STEPS 32
 #define HOLD_STEPS 128
 #define HOLD_MAX 4096
@@ -260,10 +255,9 @@ void df_pf_layer(const df_prefetcher *p, int layer, df_pf_layer_stats *out) {
 
 /* ---- the time gate ------------------------------------------------------------------ */
 
-/* A step's time is mostly its misses (on the demo model, teacher-forced with
- * random tokens, 0.3 ms for a step that hits everything, 5 ms for one that
- * misses 15 of 16 experts), which vary far more from step to step than
- * prefetch can change them. So the arms are compared at equal misses: the
+/* A step's time is mostly its misses, which vary far more from step to step
+ * than prefetch can change them (docs/prefetch.md, "The time gate"). So the
+ * arms are compared at equal misses: the
  * mean time of each arm, adjusted by the within-arm slope of time on misses
  * to the misses of all probe steps (analysis of covariance). The policy sees
  * the same accesses with prefetch on or off, so a step's misses do not depend

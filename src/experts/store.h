@@ -8,6 +8,7 @@
  * store hands them back resident-first, then in completion order, so the
  * experts already present are computed while the others load. Slots in use by
  * the current layer are pinned; the rest are evicted by the cache policy.
+ * How it works and why: docs/expert-store.md.
  */
 #ifndef DF_EXPERTS_STORE_H
 #define DF_EXPERTS_STORE_H
@@ -33,7 +34,7 @@ typedef struct df_store_opts {
     double prefetch_min_recall;   /* the gate's threshold; < 0 = default 0.5 */
     double prefetch_min_precision; /* read precision a rank needs; < 0 = default 0.5 */
     double sim_disk_bps;          /* benchmarks: hand reads over no earlier than a disk
-                                     of this many bytes/s would (store.c); 0: off. Only
+                                     of this many bytes/s would (store_simdisk.c); 0: off. Only
                                      with pack_dirs (df_engine_open refuses it otherwise:
                                      page-cache hits would be paced as disk reads) */
 } df_store_opts;

@@ -208,6 +208,69 @@ static int parse_token_line(const pctx *c, df_trace *t, const char *s, const cha
     return DF_OK;
 }
 
+/* Line 1: the magic and version 1. */
+static int parse_magic(const pctx *c, const char *s, const char *end) {
+    size_t ml = strlen(TRACE_MAGIC);
+    if ((size_t)(end - s) < ml || memcmp(s, TRACE_MAGIC, ml) != 0)
+        return perr(c, DF_ERR_FORMAT,
+                    "not a routing trace: the first line must be "
+                    "'# moe-routing-trace v1'");
+    const char *v = s + ml, *ve = end;
+    while (ve > v && is_sp(ve[-1])) ve--;
+    if (ve - v != 1 || *v != '1')
+        return perr(c, DF_ERR_UNSUPPORTED, "unsupported trace version '%.*s' (want 1)",
+                    (int)(ve - v > 20 ? 20 : ve - v), v);
+    return DF_OK;
+}
+
+/* What the parse carries from line to line. */
+typedef struct pstate {
+    size_t ids_cap, seq_cap;
+    uint32_t *stamp, stamp_gen;
+    int in_seq;
+} pstate;
+
+/* A token line at [q, end): its ids appended, a new sequence started after a blank. */
+static int add_token(const pctx *c, df_trace *t, pstate *ps, const char *q, const char *end) {
+    if (!ps->stamp) {
+        if (!t->n_layers || !t->n_experts || !t->top_k)
+            return perr(c, DF_ERR_FORMAT,
+                        "token line before the header gave moe_layers, "
+                        "experts_per_layer and top_k");
+        int rc = check_top_k(c, t);
+        if (rc) return rc;
+        ps->stamp = calloc((size_t)t->n_experts, sizeof *ps->stamp);
+        if (!ps->stamp) return perr(c, DF_ERR_NOMEM, "out of memory");
+    }
+    size_t per = (size_t)t->n_layers * (size_t)t->top_k;
+    if (grow((void **)&t->ids, &ps->ids_cap, (size_t)(t->n_tokens + 1) * per, sizeof *t->ids) ||
+        grow((void **)&t->seq_start, &ps->seq_cap, (size_t)t->n_seqs + 2, sizeof *t->seq_start))
+        return perr(c, DF_ERR_NOMEM, "out of memory at token %d", t->n_tokens);
+    if (t->n_tokens == 0x7ffffffe) return perr(c, DF_ERR_FORMAT, "too many tokens");
+    int rc = parse_token_line(c, t, q, end, t->ids + (size_t)t->n_tokens * per, ps->stamp,
+                              &ps->stamp_gen);
+    if (rc) return rc;
+    if (!ps->in_seq) t->seq_start[t->n_seqs++] = t->n_tokens;
+    ps->in_seq = 1;
+    t->n_tokens++;
+    return DF_OK;
+}
+
+/* After the last line: the header complete, the sequence table closed. */
+static int finish(const pctx *c, df_trace *t, pstate *ps, df_error *err) {
+    if (!t->n_layers || !t->n_experts || !t->top_k)
+        return df_fail(err, DF_ERR_FORMAT, "%s: header lacks moe_layers, experts_per_layer or top_k",
+                       c->name);
+    pctx whole = *c;
+    whole.lineno = 0;
+    int rc = check_top_k(&whole, t);
+    if (rc) return rc;
+    if (grow((void **)&t->seq_start, &ps->seq_cap, (size_t)t->n_seqs + 1, sizeof *t->seq_start))
+        return df_fail(err, DF_ERR_NOMEM, "%s: out of memory", c->name);
+    t->seq_start[t->n_seqs] = t->n_tokens;
+    return DF_OK;
+}
+
 int df_trace_parse(df_trace *t, const char *text, size_t len, const char *name,
                    df_error *err) {
     memset(t, 0, sizeof *t);
@@ -215,9 +278,8 @@ int df_trace_parse(df_trace *t, const char *text, size_t len, const char *name,
     pctx c = {name ? name : "<trace>", 0, err};
     if (!text) return df_fail(err, DF_ERR_ARG, "%s: no trace text", c.name);
 
-    size_t ids_cap = 0, seq_cap = 0;
-    uint32_t *stamp = NULL, stamp_gen = 0;
-    int in_seq = 0, rc = DF_OK;
+    pstate ps = {0};
+    int rc = DF_OK;
     const char *s = text, *tend = text + len;
     while (s < tend || c.lineno == 0) {
         size_t rem = s < tend ? (size_t)(tend - s) : 0;
@@ -228,88 +290,28 @@ int df_trace_parse(df_trace *t, const char *text, size_t len, const char *name,
         if (end > s && end[-1] == '\r') end--;
         if (end > s && memchr(s, '\0', (size_t)(end - s))) {
             rc = perr(&c, DF_ERR_FORMAT, "NUL byte in a text trace");
-            goto fail;
+            break;
         }
         if (c.lineno == 1) {
-            size_t ml = strlen(TRACE_MAGIC);
-            if ((size_t)(end - s) < ml || memcmp(s, TRACE_MAGIC, ml) != 0) {
-                rc = perr(&c, DF_ERR_FORMAT,
-                          "not a routing trace: the first line must be "
-                          "'# moe-routing-trace v1'");
-                goto fail;
-            }
-            const char *v = s + ml, *ve = end;
-            while (ve > v && is_sp(ve[-1])) ve--;
-            if (ve - v != 1 || *v != '1') {
-                rc = perr(&c, DF_ERR_UNSUPPORTED, "unsupported trace version '%.*s' (want 1)",
-                          (int)(ve - v > 20 ? 20 : ve - v), v);
-                goto fail;
-            }
+            if ((rc = parse_magic(&c, s, end))) break;
             s = next;
             continue;
         }
         const char *q = s;
         while (q < end && is_sp(*q)) q++;
-        if (q == end) { /* blank: ends the sequence */
-            in_seq = 0;
-        } else if (*q == '#') {
-            if (t->n_tokens == 0 && (rc = parse_header_comment(&c, t, q, end)) != DF_OK)
-                goto fail;
-        } else {
-            if (!stamp) {
-                if (!t->n_layers || !t->n_experts || !t->top_k) {
-                    rc = perr(&c, DF_ERR_FORMAT,
-                              "token line before the header gave moe_layers, "
-                              "experts_per_layer and top_k");
-                    goto fail;
-                }
-                if ((rc = check_top_k(&c, t))) goto fail;
-                stamp = calloc((size_t)t->n_experts, sizeof *stamp);
-                if (!stamp) {
-                    rc = perr(&c, DF_ERR_NOMEM, "out of memory");
-                    goto fail;
-                }
-            }
-            size_t per = (size_t)t->n_layers * (size_t)t->top_k;
-            if (grow((void **)&t->ids, &ids_cap, (size_t)(t->n_tokens + 1) * per,
-                     sizeof *t->ids) ||
-                grow((void **)&t->seq_start, &seq_cap, (size_t)t->n_seqs + 2,
-                     sizeof *t->seq_start)) {
-                rc = perr(&c, DF_ERR_NOMEM, "out of memory at token %d", t->n_tokens);
-                goto fail;
-            }
-            if (t->n_tokens == 0x7ffffffe) {
-                rc = perr(&c, DF_ERR_FORMAT, "too many tokens");
-                goto fail;
-            }
-            rc = parse_token_line(&c, t, q, end, t->ids + (size_t)t->n_tokens * per, stamp,
-                                  &stamp_gen);
-            if (rc) goto fail;
-            if (!in_seq) t->seq_start[t->n_seqs++] = t->n_tokens;
-            in_seq = 1;
-            t->n_tokens++;
-        }
+        if (q == end) /* blank: ends the sequence */
+            ps.in_seq = 0;
+        else if (*q == '#')
+            rc = t->n_tokens == 0 ? parse_header_comment(&c, t, q, end) : DF_OK;
+        else
+            rc = add_token(&c, t, &ps, q, end);
+        if (rc) break;
         s = next;
         if (!nl) break;
     }
-    if (!t->n_layers || !t->n_experts || !t->top_k) {
-        rc = df_fail(err, DF_ERR_FORMAT,
-                     "%s: header lacks moe_layers, experts_per_layer or top_k", c.name);
-        goto fail;
-    }
-    pctx whole = c;
-    whole.lineno = 0;
-    if ((rc = check_top_k(&whole, t))) goto fail;
-    if (grow((void **)&t->seq_start, &seq_cap, (size_t)t->n_seqs + 1, sizeof *t->seq_start)) {
-        rc = df_fail(err, DF_ERR_NOMEM, "%s: out of memory", c.name);
-        goto fail;
-    }
-    t->seq_start[t->n_seqs] = t->n_tokens;
-    free(stamp);
-    return DF_OK;
-fail:
-    free(stamp);
-    df_trace_free(t);
+    if (!rc) rc = finish(&c, t, &ps, err);
+    free(ps.stamp);
+    if (rc) df_trace_free(t);
     return rc;
 }
 

@@ -165,10 +165,6 @@ void df_model_free(df_model *m) {
  * cached), and that time is spent while no expert read can be in flight. A copy read
  * with pread() never maps the file, so the RSS holds exactly the copy. */
 
-#ifndef MADV_HUGEPAGE
-#define MADV_HUGEPAGE 14
-#endif
-
 int df_model_dense_to_ram(df_model *m, df_error *err) {
     if (m->ram) return DF_OK;
     df_weight **w = m->active;
@@ -189,7 +185,7 @@ int df_model_dense_to_ram(df_model *m, df_error *err) {
         return df_fail(err, DF_ERR_NOMEM, "cannot allocate %.1f MiB for the always-active weights",
                        (double)bytes / 1048576.0);
     }
-    if (ram) madvise(ram, bytes, MADV_HUGEPAGE);
+    if (ram) df_advise_huge(ram, bytes);
     int rc = DF_OK;
     for (size_t i = 0; i < nt && !rc; i++) {
         if (off[i] == SIZE_MAX) continue;

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -272,4 +273,43 @@ int df_parse_size(const char *text, const char *what, uint64_t *bytes, df_error 
     if (b > 1e18) return df_fail(err, DF_ERR_ARG, "%s: '%s' is too large", what, text);
     *bytes = (uint64_t)b;
     return DF_OK;
+}
+
+/* ---- memory advice ------------------------------------------------------------------ */
+
+#ifndef MADV_HUGEPAGE
+#define MADV_HUGEPAGE 14
+#define MADV_NOHUGEPAGE 15
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+void df_advise_huge(void *p, size_t n) { madvise(p, n, MADV_HUGEPAGE); }
+
+void df_advise_no_huge(void *p, size_t n) { madvise(p, n, MADV_NOHUGEPAGE); }
+
+void df_prefault_write(void *p, size_t n) {
+    if (madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+    long pg = sysconf(_SC_PAGESIZE); /* older kernels: touch every page */
+    for (size_t o = 0; o < n; o += (size_t)pg) ((volatile char *)p)[o] = 0;
+}
+
+bool df_populate_read(const void *p, size_t n) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(pg - 1);
+    return madvise((void *)a, (uintptr_t)p + n - a, MADV_POPULATE_READ) == 0;
+}
+
+void df_prefault_read(const void *p, size_t n) {
+    if (!n || df_populate_read(p, n)) return;
+    long pg = sysconf(_SC_PAGESIZE); /* older kernels: read every page */
+    volatile const char *c = p;
+    char sink = 0;
+    for (size_t o = 0; o < n; o += (size_t)pg) sink ^= c[o];
+    sink ^= c[n - 1];
+    (void)sink;
 }

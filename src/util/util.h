@@ -102,4 +102,19 @@ float df_f16_to_f32(uint16_t h);
 uint16_t df_f32_to_bf16(float f);
 uint16_t df_f32_to_f16(float f);
 
+/* ---- memory advice: madvise with the fallbacks older kernels need ---------------- */
+
+/* Asks for transparent huge pages on [p, p + n) (page-aligned p); best effort. */
+void df_advise_huge(void *p, size_t n);
+/* ... and asks for none there. */
+void df_advise_no_huge(void *p, size_t n);
+/* Faults [p, p + n) in for writing now (MADV_POPULATE_WRITE; older kernels:
+ * a write to every page), so the first use pays no page faults. */
+void df_prefault_write(void *p, size_t n);
+/* Maps the pages covering [p, p + n) in for reading (MADV_POPULATE_READ);
+ * false when the kernel cannot. */
+bool df_populate_read(const void *p, size_t n);
+/* df_populate_read, and where the kernel cannot, a read of every page. */
+void df_prefault_read(const void *p, size_t n);
+
 #endif
