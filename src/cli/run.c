@@ -6,18 +6,13 @@
  * arm's output (no text, one JSON summary on stdout).
  */
 #include "cli/cli.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static const char RUN_USAGE[] =
     "usage: deltafin run --model DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n"
@@ -38,7 +33,7 @@ typedef struct {
 
 static void show_progress(void *user, int layer, int n_layers, int rows_done, int rows_total) {
     progress_state *p = user;
-    double now = now_s();
+    double now = df_now();
     bool end = rows_done == rows_total;
     if (now - p->last < 0.2 && !end) return;
     p->last = now;
@@ -242,7 +237,7 @@ int cli_run(cli_args *a, const cli_dev *dev) {
                     .tf = (uint64_t)a->teacher_seed * 0x9E3779B97F4A7C15ull, .V = info->vocab_size};
     cli_get_stats(e, dev, &rs.st0);
     rs.prev = rs.st0;
-    progress_state ps = {now_s(), now_s()};
+    progress_state ps = {df_now(), df_now()};
     df_generate_opts go = {.sampler = smp, .spec = sp, .max_new = a->max_new,
                            .prefill_progress = isatty(2) && n > 64 ? show_progress : NULL, .progress_user = &ps,
                            .force = a->teacher_seed ? run_force : NULL, .on_token = run_token,

@@ -21,12 +21,6 @@ srv_state g_srv;
 
 long long srv_now_unix(void) { return (long long)time(NULL); }
 
-double srv_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 typedef struct conn {
     int ep;
     int status;

@@ -18,6 +18,7 @@
 #include "server/listener.h"
 #include "server/request.h"
 #include "server/server.h"
+#include "util/util.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -81,7 +82,6 @@ typedef struct srv_state {
 extern srv_state g_srv;
 
 long long srv_now_unix(void);
-double srv_now_s(void);
 /* Grows *buf to hold len + add + 1 bytes. */
 bool srv_reserve(char **buf, size_t *cap, size_t len, size_t add);
 

@@ -341,7 +341,7 @@ static df_sampler *job_sampler(job *j) {
                : c->top_p_set ? c->sp.top_p
                : info->default_top_p > 0 ? info->default_top_p : 1.0f;
     sp.top_k = c->top_k_set ? c->sp.top_k : info->default_top_k >= 0 ? info->default_top_k : 0;
-    sp.seed = r->seed_set ? r->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(srv_now_s() * 1e9);
+    sp.seed = r->seed_set ? r->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(df_now() * 1e9);
     df_sampler *smp;
     df_error err;
     if (df_sampler_new(&smp, &sp, &err)) {

@@ -16,6 +16,7 @@
 #include "server/listener.h"
 
 #include "server/request.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -60,12 +61,6 @@ struct srv_listener {
     srv_listener_stats st;
     char buf[SRV_HEAD_MAX];
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the framing check ------------------------------------------------------------ */
 
@@ -250,7 +245,7 @@ static void admit(srv_listener *lis, int fd, const struct sockaddr_storage *a, s
         return;
     }
     slot *s = free_slot;
-    *s = (slot){.lis = lis, .state = SLOT_PENDING, .fd = fd, .deadline = now_s() + lis->o.request_timeout,
+    *s = (slot){.lis = lis, .state = SLOT_PENDING, .fd = fd, .deadline = df_now() + lis->o.request_timeout,
                 .addr = *a, .addr_len = al};
     /* edge-triggered: woken by each new piece of the head, not by the bytes
      * already peeked at (the socket stays readable until libmicrohttpd reads) */
@@ -330,7 +325,7 @@ static void on_readable(srv_listener *lis, slot *s, uint32_t events) {
 
 /* Enforces the request deadline; returns how many slots are in use. Under mu. */
 static int expire(srv_listener *lis) {
-    double now = now_s();
+    double now = df_now();
     int used = 0;
     for (int k = 0; k < lis->o.max_conns; k++) {
         slot *s = &lis->slots[k];
