@@ -35,12 +35,9 @@ static int check_experts(const char *list, df_error *err) {
     }
 }
 
-int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
-    *out = NULL;
-    if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
-    int rc = check_experts(opts->experts, err);
-    if (rc) return rc;
-    df_isa isa = df_isa_detect();
+/* The kernel path and thread count the options ask for. */
+static int pick_isa_threads(const df_engine_opts *opts, df_isa *isa, int *nt, df_error *err) {
+    *isa = df_isa_detect();
     if (opts->isa && *opts->isa) {
         int want = df_isa_from_name(opts->isa);
         if (want < 0)
@@ -49,27 +46,26 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
         if (df_isa_set((df_isa)want) != 0)
             return df_fail(err, DF_ERR_UNSUPPORTED, "this CPU cannot run the '%s' kernel path",
                            opts->isa);
-        isa = (df_isa)want;
+        *isa = (df_isa)want;
     } else {
-        df_isa_set(isa);
+        df_isa_set(*isa);
     }
-    int nt = opts->n_threads;
-    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (nt < 1) nt = 1;
-    if (nt > 256) return df_fail(err, DF_ERR_ARG, "--threads %d is out of range (1..256)", nt);
-
+    *nt = opts->n_threads;
+    if (*nt <= 0) *nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (*nt < 1) *nt = 1;
+    if (*nt > 256) return df_fail(err, DF_ERR_ARG, "--threads %d is out of range (1..256)", *nt);
     if (opts->prefill_chunk < 0 || opts->prefill_chunk > 65536)
         return df_fail(err, DF_ERR_ARG, "prefill chunk %d is out of range (1..65536)", opts->prefill_chunk);
-    df_engine *e = df_xcalloc(1, sizeof *e);
-    e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
-    rc = df_model_load(&e->model, opts->model_dir, err);
-    if (rc == DF_OK && (rc = df_generation_load_dir(&e->gen, &e->model.cfg, opts->model_dir, err)))
+    return DF_OK;
+}
+
+/* The model, its generation config and its tokenizer; on failure nothing is kept. */
+static int load_checkpoint(df_engine *e, const char *dir, df_error *err) {
+    int rc = df_model_load(&e->model, dir, err);
+    if (rc == DF_OK && (rc = df_generation_load_dir(&e->gen, &e->model.cfg, dir, err)))
         df_model_free(&e->model);
-    if (rc) {
-        free(e);
-        return rc;
-    }
-    char *tp = df_path_join(opts->model_dir, "tokenizer.json");
+    if (rc) return rc;
+    char *tp = df_path_join(dir, "tokenizer.json");
     rc = df_tokenizer_load(&e->tok, tp, err);
     free(tp);
     /* Parsing a 151k-token tokenizer.json keeps 20 MiB and frees 75-90 MiB
@@ -77,19 +73,17 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
      * under the weights copied into RAM next, where they made the loading
      * peak (232 MiB instead of 173 on a 2-layer checkpoint with that vocabulary). */
     malloc_trim(0);
-    if (rc) {
-        df_model_free(&e->model);
-        free(e);
-        return rc;
-    }
+    if (rc) df_model_free(&e->model);
+    return rc;
+}
+
+/* Where routed experts come from: streamed under a budget or from a pack, or
+ * resident. The routing replay is set up first, so that the budget counts
+ * the trace in what is resident. */
+static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
     const df_config *c = &e->model.cfg;
-    /* before the budget is sized, so that the trace counts in what is resident */
-    if (dev && dev->replay_routing && (rc = df_engine_setup_replay(e, dev->replay_routing, err))) {
-        df_tokenizer_free(e->tok);
-        df_model_free(&e->model);
-        free(e);
-        return rc;
-    }
+    int rc;
+    if (dev && dev->replay_routing && (rc = df_engine_setup_replay(e, dev->replay_routing, err))) return rc;
     bool have_pack = opts->experts && *opts->experts;
     double sim_disk = dev ? dev->sim_disk_bps : 0;
     if (have_pack || opts->ram_budget || opts->expert_cache || sim_disk > 0) {
@@ -105,19 +99,17 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
                      : df_engine_setup_streaming(e, opts, dev, err);
         if (rc) {
             df_engine_free_replay(e);
-            df_tokenizer_free(e->tok);
-            df_model_free(&e->model);
-            free(e);
             return rc;
         }
     }
     if (!e->store) df_engine_resident_weights(&e->model);
     if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
-    for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
-    for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
-        add_stop(e, df_tokenizer_find(e->tok, *st));
+    return DF_OK;
+}
 
-    e->pool = df_pool_new(nt);
+static void fill_info(df_engine *e, df_isa isa, int nt) {
+    const df_model *m = &e->model;
+    const df_config *c = &m->cfg;
     df_model_info *in = &e->info;
     in->architecture = c->model_type;
     in->vocab_size = c->vocab_size;
@@ -126,24 +118,49 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
     in->max_context = c->max_position_embeddings;
     in->n_experts = c->num_experts;
     in->n_experts_active = c->num_experts_per_tok;
-    in->bytes_total = e->model.bytes_total;
-    in->bytes_dense = e->model.bytes_dense;
-    in->bytes_experts = e->model.bytes_experts;
-    {
-        const df_model *m = &e->model;
-        uint64_t emb = m->embed.t->nbytes, act = m->bytes_dense - emb;
-        if (m->lm_head.t == m->embed.t) act += emb; /* tied: the LM head reads it all */
-        for (int li = 0; li < c->num_hidden_layers; li++) {
-            if (!c->layer_is_moe[li]) continue;
-            act += (uint64_t)c->num_experts_per_tok * df_expert_bytes(&m->experts, li, 0);
-        }
-        in->bytes_active_per_token = act;
+    in->bytes_total = m->bytes_total;
+    in->bytes_dense = m->bytes_dense;
+    in->bytes_experts = m->bytes_experts;
+    uint64_t emb = m->embed.t->nbytes, act = m->bytes_dense - emb;
+    if (m->lm_head.t == m->embed.t) act += emb; /* tied: the LM head reads it all */
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        if (!c->layer_is_moe[li]) continue;
+        act += (uint64_t)c->num_experts_per_tok * df_expert_bytes(&m->experts, li, 0);
     }
+    in->bytes_active_per_token = act;
     in->isa = df_isa_name(isa);
     in->n_threads = nt;
     in->default_temperature = (float)e->gen.temperature;
     in->default_top_p = (float)e->gen.top_p;
     in->default_top_k = e->gen.top_k;
+}
+
+int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
+    *out = NULL;
+    if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
+    int rc = check_experts(opts->experts, err);
+    if (rc) return rc;
+    df_isa isa = (df_isa)0;
+    int nt = 0;
+    if ((rc = pick_isa_threads(opts, &isa, &nt, err))) return rc;
+    df_engine *e = df_xcalloc(1, sizeof *e);
+    e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
+    if ((rc = load_checkpoint(e, opts->model_dir, err))) {
+        free(e);
+        return rc;
+    }
+    if ((rc = setup_experts(e, opts, dev, err))) {
+        df_tokenizer_free(e->tok);
+        df_model_free(&e->model);
+        free(e);
+        return rc;
+    }
+    const df_config *c = &e->model.cfg;
+    for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
+    for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
+        add_stop(e, df_tokenizer_find(e->tok, *st));
+    e->pool = df_pool_new(nt);
+    fill_info(e, isa, nt);
     *out = e;
     return DF_OK;
 }

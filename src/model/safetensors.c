@@ -388,6 +388,67 @@ static bool plain_file_name(const char *s) {
     return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
+/* Distinct shard names of the index's weight_map in order of first mention. */
+static int shard_names(json_t *wm, const char *index_path, const char **shard, size_t *n_shard,
+                       df_error *err) {
+    const char *name;
+    json_t *v;
+    *n_shard = 0;
+    json_object_foreach(wm, name, v) {
+        if (!json_is_string(v))
+            return df_fail(err, DF_ERR_FORMAT, "%s: weight_map entry for tensor '" NM
+                           "' is not a string", index_path, name);
+        const char *s = json_string_value(v);
+        if (!plain_file_name(s))
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: tensor '" NM "': shard name '" NM "' is not a file name in the "
+                           "checkpoint directory", index_path, name, s);
+        /* Neighbouring entries often share a shard: try the latest first. */
+        if (*n_shard && strcmp(shard[*n_shard - 1], s) == 0) continue;
+        size_t j = 0;
+        while (j < *n_shard && strcmp(shard[j], s) != 0) j++;
+        if (j == *n_shard) shard[(*n_shard)++] = s;
+    }
+    if (*n_shard == 0) return df_fail(err, DF_ERR_FORMAT, "%s: weight_map is empty", index_path);
+    return DF_OK;
+}
+
+/* Opens one shard; every tensor in it must be listed in the index under it. */
+static int open_shard(df_st *st, const char *dir, const char *shard, json_t *wm, const char *index_path,
+                      df_error *err) {
+    char *path = df_path_join(dir, shard);
+    df_tensor *got;
+    size_t n_got;
+    int rc = open_one(st, path, &got, &n_got, err);
+    for (size_t i = 0; rc == DF_OK && i < n_got; i++) {
+        json_t *w = json_object_get(wm, got[i].name);
+        if (!w)
+            rc = df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': not listed in %s", path, got[i].name,
+                         index_path);
+        else if (strcmp(json_string_value(w), shard) != 0)
+            rc = df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': %s places it in '" NM "'", path,
+                         got[i].name, index_path, json_string_value(w));
+    }
+    free(path);
+    return rc;
+}
+
+/* Every shard tensor is in the index under its own shard and names are
+ * unique, so equal counts mean the index lists nothing that is absent. */
+static int check_index_complete(const df_st *st, json_t *wm, size_t n_idx, const char *index_path,
+                                df_error *err) {
+    if (st->n == n_idx) return DF_OK;
+    const char *name;
+    json_t *v;
+    json_object_foreach(wm, name, v) {
+        if (!df_st_find(st, name))
+            return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': listed in %s but not in that "
+                           "shard", index_path, name, json_string_value(v));
+    }
+    return df_fail(err, DF_ERR_FORMAT, "%s: index lists %zu tensors, shards hold %zu", index_path, n_idx,
+                   st->n);
+}
+
 static int open_sharded(df_st *st, const char *dir, const char *index_path, df_error *err) {
     char *text;
     size_t len;
@@ -404,78 +465,12 @@ static int open_sharded(df_st *st, const char *dir, const char *index_path, df_e
         json_decref(root);
         return df_fail(err, DF_ERR_FORMAT, "%s: field 'weight_map' must be an object", index_path);
     }
-
-    /* Distinct shard names in order of first mention, each opened once. */
-    size_t n_idx = json_object_size(wm);
+    size_t n_idx = json_object_size(wm), n_shard = 0;
     const char **shard = df_xcalloc(n_idx ? n_idx : 1, sizeof *shard);
-    size_t n_shard = 0;
-    const char *name;
-    json_t *v;
-    json_object_foreach(wm, name, v) {
-        if (!json_is_string(v)) {
-            rc = df_fail(err, DF_ERR_FORMAT, "%s: weight_map entry for tensor '" NM
-                         "' is not a string", index_path, name);
-            goto out;
-        }
-        const char *s = json_string_value(v);
-        if (!plain_file_name(s)) {
-            rc = df_fail(err, DF_ERR_FORMAT,
-                         "%s: tensor '" NM "': shard name '" NM "' is not a file name in the "
-                         "checkpoint directory", index_path, name, s);
-            goto out;
-        }
-        /* Neighbouring entries often share a shard: try the latest first. */
-        if (n_shard && strcmp(shard[n_shard - 1], s) == 0) continue;
-        size_t j = 0;
-        while (j < n_shard && strcmp(shard[j], s) != 0) j++;
-        if (j == n_shard) shard[n_shard++] = s;
-    }
-    if (n_shard == 0) {
-        rc = df_fail(err, DF_ERR_FORMAT, "%s: weight_map is empty", index_path);
-        goto out;
-    }
-
-    for (size_t j = 0; j < n_shard; j++) {
-        char *path = df_path_join(dir, shard[j]);
-        df_tensor *got;
-        size_t n_got;
-        rc = open_one(st, path, &got, &n_got, err);
-        if (rc == DF_OK) {
-            for (size_t i = 0; i < n_got; i++) {
-                json_t *w = json_object_get(wm, got[i].name);
-                if (!w) {
-                    rc = df_fail(err, DF_ERR_FORMAT,
-                                 "%s: tensor '" NM "': not listed in %s", path, got[i].name,
-                                 index_path);
-                    break;
-                }
-                if (strcmp(json_string_value(w), shard[j]) != 0) {
-                    rc = df_fail(err, DF_ERR_FORMAT,
-                                 "%s: tensor '" NM "': %s places it in '" NM "'", path,
-                                 got[i].name, index_path, json_string_value(w));
-                    break;
-                }
-            }
-        }
-        free(path);
-        if (rc) goto out;
-    }
-    rc = build_index(st, err);
-    if (rc) goto out;
-    /* Every shard tensor is in the index under its own shard and names are
-     * unique, so equal counts mean the index lists nothing that is absent. */
-    if (st->n != n_idx) {
-        json_object_foreach(wm, name, v) {
-            if (!df_st_find(st, name)) {
-                rc = df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': listed in %s but not in that "
-                             "shard", index_path, name, json_string_value(v));
-                goto out;
-            }
-        }
-        rc = df_fail(err, DF_ERR_FORMAT, "%s: index lists %zu tensors, shards hold %zu",
-                     index_path, n_idx, st->n);
-    }
-out:
+    rc = shard_names(wm, index_path, shard, &n_shard, err);
+    for (size_t j = 0; rc == DF_OK && j < n_shard; j++) rc = open_shard(st, dir, shard[j], wm, index_path, err);
+    if (rc == DF_OK) rc = build_index(st, err);
+    if (rc == DF_OK) rc = check_index_complete(st, wm, n_idx, index_path, err);
     free(shard);
     json_decref(root);
     return rc;
