@@ -431,7 +431,7 @@ static bool parse_part_body(json_t *dt, json_t *sh, json_t *nb, df_pack_part *pt
 
 /* Version 1: the three parts [dtype, [rows, cols], nbytes] of columns 7-9,
  * which were always an expert's gate, up and down matrices (the only layout
- * version 1 knew). *
+ * version 1 knew). */
 static bool parse_parts_v1(pk_manifest *mf, json_t *const *f, df_pack_part *parts) {
     static const char *const v1_names[3] = {"gate_proj.weight", "up_proj.weight", "down_proj.weight"};
     for (int k = 0; k < 3; k++) {
