@@ -183,10 +183,47 @@ static int parse_stop(json_t *v, srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* Fields accepted only at the value that means "off" (see the policy above):
+ * 0 accepted, -1 refused (e says why), 1 not such a field. */
+static int parse_off_field(const char *key, json_t *v, bool chat, srv_error *e) {
+    if (!strcmp(key, "n") || (!chat && !strcmp(key, "best_of"))) {
+        if (!is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
+            return fail(e, key, "only %s = 1 is supported", key);
+    } else if (!strcmp(key, "logprobs")) {
+        if (!is_null(v) && !json_is_false(v)) return fail(e, key, "logprobs are not supported");
+    } else if (!strcmp(key, "top_logprobs")) {
+        if (!is_null(v)) return fail(e, key, "logprobs are not supported");
+    } else if (!strcmp(key, "logit_bias")) {
+        if (!is_null(v) && !(json_is_object(v) && json_object_size(v) == 0))
+            return fail(e, key, "logit_bias is not supported");
+    } else if (!strcmp(key, "store")) {
+        if (!is_null(v) && !json_is_false(v)) return fail(e, key, "store is not supported");
+    } else if (!chat && !strcmp(key, "echo")) {
+        if (!is_null(v) && !json_is_false(v)) return fail(e, key, "echo is not supported");
+    } else if (!chat && !strcmp(key, "suffix")) {
+        if (!is_null(v)) return fail(e, key, "suffix is not supported");
+    } else if (chat && (!strcmp(key, "tools") || !strcmp(key, "functions"))) {
+        if (!is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return fail(e, key, "tool calling is not supported");
+    } else if (chat && (!strcmp(key, "tool_choice") || !strcmp(key, "function_call"))) {
+        if (!is_null(v) && !(json_is_string(v) && !strcmp(json_string_value(v), "none")))
+            return fail(e, key, "tool calling is not supported");
+    } else if (chat && !strcmp(key, "response_format")) {
+        json_t *t = json_object_get(v, "type");
+        if (!is_null(v) && !(json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) &&
+                             !strcmp(json_string_value(t), "text")))
+            return fail(e, key, "only response_format {\"type\":\"text\"} is supported");
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
 static int parse_fields(json_t *root, srv_request *r, srv_error *e) {
     const bool chat = r->kind == SRV_CHAT;
     const char *key;
     json_t *v;
+    int off;
     json_object_foreach(root, key, v) {
         bool ignored = false;
         for (int i = 0; IGNORED[i]; i++) ignored |= !strcmp(key, IGNORED[i]);
@@ -231,33 +268,8 @@ static int parse_fields(json_t *root, srv_request *r, srv_error *e) {
                 if (strcmp(k2, "include_usage")) return fail(e, key, "stream_options.%s is not supported", k2);
                 if (get_bool(v2, "stream_options", &r->include_usage, e)) return -1;
             }
-        } else if (!strcmp(key, "n") || (!chat && !strcmp(key, "best_of"))) {
-            if (!is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
-                return fail(e, key, "only %s = 1 is supported", key);
-        } else if (!strcmp(key, "logprobs")) {
-            if (!is_null(v) && !json_is_false(v)) return fail(e, key, "logprobs are not supported");
-        } else if (!strcmp(key, "top_logprobs")) {
-            if (!is_null(v)) return fail(e, key, "logprobs are not supported");
-        } else if (!strcmp(key, "logit_bias")) {
-            if (!is_null(v) && !(json_is_object(v) && json_object_size(v) == 0))
-                return fail(e, key, "logit_bias is not supported");
-        } else if (!strcmp(key, "store")) {
-            if (!is_null(v) && !json_is_false(v)) return fail(e, key, "store is not supported");
-        } else if (!chat && !strcmp(key, "echo")) {
-            if (!is_null(v) && !json_is_false(v)) return fail(e, key, "echo is not supported");
-        } else if (!chat && !strcmp(key, "suffix")) {
-            if (!is_null(v)) return fail(e, key, "suffix is not supported");
-        } else if (chat && (!strcmp(key, "tools") || !strcmp(key, "functions"))) {
-            if (!is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
-                return fail(e, key, "tool calling is not supported");
-        } else if (chat && (!strcmp(key, "tool_choice") || !strcmp(key, "function_call"))) {
-            if (!is_null(v) && !(json_is_string(v) && !strcmp(json_string_value(v), "none")))
-                return fail(e, key, "tool calling is not supported");
-        } else if (chat && !strcmp(key, "response_format")) {
-            json_t *t = json_object_get(v, "type");
-            if (!is_null(v) && !(json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) &&
-                                 !strcmp(json_string_value(t), "text")))
-                return fail(e, key, "only response_format {\"type\":\"text\"} is supported");
+        } else if ((off = parse_off_field(key, v, chat, e)) <= 0) {
+            if (off < 0) return -1;
         } else if (chat && !strcmp(key, "chat_template_kwargs")) {
             if (is_null(v)) continue;
             if (!json_is_object(v)) return fail(e, key, "'chat_template_kwargs' must be an object");
