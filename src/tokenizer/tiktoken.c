@@ -271,7 +271,8 @@ static int build_specials(df_tokenizer *t, const char *config, size_t config_len
     for (int i = 0; i < N_RESERVED; i++) t->added[i].id = n_base + i;
     if (config) {
         json_error_t je;
-        json_t *root = json_loadb(config, config_len, 0, &je);
+        /* reals: model_max_length may be 1e30 written as an integer */
+        json_t *root = json_loadb(config, config_len, JSON_DECODE_INT_AS_REAL, &je);
         if (!root)
             return df_fail(err, DF_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", cpath,
                            je.line, je.column, je.text);
