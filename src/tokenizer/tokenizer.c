@@ -533,6 +533,19 @@ static int parse_pretok(df_tokenizer *t, json_t *p, const char *where, int depth
     return DF_OK;
 }
 
+/* Whether added_tokens holds this very content under this id. */
+static bool is_added_token(json_t *added, const char *s, size_t n, int32_t id) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(added, i, e) {
+        json_t *c = json_object_get(e, "content");
+        if (json_integer_value(json_object_get(e, "id")) == id && json_is_string(c) &&
+            json_string_length(c) == n && memcmp(json_string_value(c), s, n) == 0)
+            return true;
+    }
+    return false;
+}
+
 static int parse_model(df_tokenizer *t, json_t *root, df_error *err) {
     json_t *m = json_object_get(root, "model");
     if (!json_is_object(m))
@@ -641,6 +654,9 @@ static int parse_model(df_tokenizer *t, json_t *root, df_error *err) {
             buf = df_xrealloc(buf, bufcap);
         }
         long n = bl_to_raw(t, key, klen, buf);
+        /* DeepSeek-V3 lists its BOS/EOS/pad in the vocab as plain text: BPE can
+         * never produce them (as in HF), and the added token gives their bytes. */
+        if (n < 0 && is_added_token(added, key, klen, id)) continue;
         if (n < 0) {
             free(buf);
             return df_fail(err, DF_ERR_FORMAT,
