@@ -53,7 +53,11 @@ static bool py_space(uint32_t cp) {
  * character, never a space) and whether it is a space. */
 static size_t next_char(const unsigned char *p, size_t n, bool *space) {
     unsigned c = p[0];
-    size_t k = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+    size_t k = c < 0x80                ? 1
+               : c >= 0xC2 && c < 0xE0 ? 2
+               : c >= 0xE0 && c < 0xF0 ? 3
+               : c >= 0xF0 && c < 0xF5 ? 4
+                                       : 0;
     if (k == 0 || k > n) k = 0;
     for (size_t i = 1; i < k; i++)
         if ((p[i] & 0xC0) != 0x80) k = 0;
@@ -116,7 +120,8 @@ static long b64_decode(const char *s, size_t n, unsigned char *out) {
                 return -1;
             }
         }
-        uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
+                     (uint32_t)v[3];
         /* bits the padding drops must be zero (canonical encoding) */
         if ((pad == 2 && (x & 0xFFFF)) || (pad == 1 && (x & 0xFF))) return -1;
         out[o++] = (unsigned char)(x >> 16);
@@ -174,14 +179,15 @@ static int load_ranks(df_tokenizer *t, const char *m, size_t mn, int32_t n_base,
         long bn;
         uint32_t off;
         if (!parse_line(p, ln, &l))
-            rc = df_fail(err, DF_ERR_FORMAT, "%s: line %zu: expected \"BASE64 RANK\"", t->path, lineno);
+            rc = df_fail(err, DF_ERR_FORMAT, "%s: line %zu: expected \"BASE64 RANK\"", t->path,
+                         lineno);
         else if ((bn = b64_decode(l.tok, l.tok_n, buf)) <= 0)
             rc = df_fail(err, DF_ERR_FORMAT, "%s: line %zu: bad base64 \"%.*s\"", t->path, lineno,
                          l.tok_n > 64 ? 64 : (int)l.tok_n, l.tok);
         else if (l.rank >= n_base)
             rc = df_fail(err, DF_ERR_FORMAT,
-                         "%s: line %zu: rank %lld, but ranks must be 0..%d (one per line): some rank "
-                         "is missing",
+                         "%s: line %zu: rank %lld, but ranks must be 0..%d (one per line): "
+                         "some rank is missing",
                          t->path, lineno, l.rank, (int)n_base - 1);
         else if (t->dec_len[l.rank] != UINT32_MAX)
             rc = df_fail(err, DF_ERR_FORMAT, "%s: line %zu: rank %lld given twice", t->path, lineno,
@@ -218,7 +224,8 @@ static void build_merges(df_tokenizer *t, int32_t n_base) {
             const char *s = t->arena + t->dec_off[id];
             uint32_t len = t->dec_len[id];
             for (uint32_t k = 1; k < len; k++) {
-                int32_t a = df_tok_vmap_get(t, s, k), b = a < 0 ? -1 : df_tok_vmap_get(t, s + k, len - k);
+                int32_t a = df_tok_vmap_get(t, s, k);
+                int32_t b = a < 0 ? -1 : df_tok_vmap_get(t, s + k, len - k);
                 if (b < 0) continue;
                 if (pass == 0) n++;
                 else df_tok_merge_put(t, a, b, (uint32_t)id, id);
@@ -241,14 +248,16 @@ static int load_specials(df_tokenizer *t, json_t *dec, const char *cpath, int32_
             return df_fail(err, DF_ERR_FORMAT,
                            "%s: added_tokens_decoder[\"%.32s\"]: id must be %d..%d (after the %d "
                            "ranks of %s)",
-                           cpath, key, (int)n_base, (int)n_base + N_RESERVED - 1, (int)n_base, t->path);
+                           cpath, key, (int)n_base, (int)n_base + N_RESERVED - 1, (int)n_base,
+                           t->path);
         if (!json_is_string(c) || json_string_length(c) == 0)
             return df_fail(err, DF_ERR_FORMAT,
                            "%s: added_tokens_decoder[\"%s\"].content: expected a non-empty string",
                            cpath, key);
         if (sp && !json_is_boolean(sp))
             return df_fail(err, DF_ERR_FORMAT,
-                           "%s: added_tokens_decoder[\"%s\"].special: expected a boolean", cpath, key);
+                           "%s: added_tokens_decoder[\"%s\"].special: expected a boolean", cpath,
+                           key);
         added_tok *a = &t->added[id - n_base];
         if (t->dec_len[id] != UINT32_MAX)
             return df_fail(err, DF_ERR_FORMAT, "%s: added_tokens_decoder[\"%s\"]: id given twice",
@@ -341,7 +350,8 @@ int df_tokenizer_load_tiktoken_mem(df_tokenizer **out, const char *model, size_t
     }
     if (!rc) {
         t->steps[0].behavior = BEH_ISOLATED;
-        rc = df_tok_compile_regex(t, pattern, strlen(pattern), "split pattern", &t->steps[0].re, err);
+        rc = df_tok_compile_regex(t, pattern, strlen(pattern), "split pattern", &t->steps[0].re,
+                                  err);
         if (!rc) t->n_steps = 1;
     }
     if (!rc) rc = df_tok_finish(t, err);

@@ -1,5 +1,6 @@
 /*
- * tokenizer.c - byte-level BPE driven by a Hugging Face tokenizer.json.
+ * tokenizer.c - byte-level BPE driven by a Hugging Face tokenizer.json, and the
+ * encoder that tiktoken.c's tables (tiktoken.model) use too.
  *
  * Owns: parsing tokenizer.json (jansson), normalizers (utf8proc), pre-tokenizer
  * regexes (PCRE2 with Unicode properties and JIT), the GPT-2 byte<->unicode
@@ -244,7 +245,8 @@ static void trie_add(trie *tr, const unsigned char *s, size_t n, int32_t tok) {
 }
 
 /* Longest token that starts at p; returns its index or -1. A special token (with
- * all_special: any token) counts only if it is at most special_max bytes long (0: none, SIZE_MAX: any). */
+ * all_special: any token) counts only if it is at most special_max bytes long
+ * (0: none, SIZE_MAX: any). */
 static int32_t trie_longest(const trie *tr, const added_tok *added, bool all_special,
                             const unsigned char *p, size_t n, size_t special_max, size_t *len) {
     int32_t node = 0, best = -1;
@@ -852,7 +854,9 @@ df_tokenizer *df_tok_new(const char *path) {
 int df_tok_arena_put(df_tokenizer *t, const void *p, size_t n, uint32_t *off, df_error *err) {
     return arena_put(t, p, n, off, err);
 }
-int32_t df_tok_vmap_get(const df_tokenizer *t, const void *p, size_t n) { return vmap_get(t, p, n); }
+int32_t df_tok_vmap_get(const df_tokenizer *t, const void *p, size_t n) {
+    return vmap_get(t, p, n);
+}
 bool df_tok_vmap_put(df_tokenizer *t, int32_t id, uint32_t off, uint32_t len) {
     return vmap_put(t, id, off, len);
 }
@@ -1370,7 +1374,8 @@ int df_tokenizer_encode_plain(const df_tokenizer *t, const char *text, size_t le
             goto out;
         }
         if (c.js) pcre2_jit_stack_assign(c.mctx, NULL, c.js);
-        rc = t->tiktoken ? encode_tiktoken(&c, text, len) : split_added(&c, &t->tr_raw, text, len, seg_raw);
+        rc = t->tiktoken ? encode_tiktoken(&c, text, len)
+                         : split_added(&c, &t->tr_raw, text, len, seg_raw);
     }
 out:
     pcre2_match_data_free(c.md);

@@ -1,5 +1,6 @@
 /*
- * tokenizer.h - byte-level BPE driven entirely by a Hugging Face tokenizer.json:
+ * tokenizer.h - byte-level BPE driven entirely by a Hugging Face tokenizer.json
+ * (or a tiktoken.model, see df_tokenizer_load_tiktoken):
  * NFC normalizer, split regex (PCRE2, Unicode properties, JIT), byte-level
  * mapping, merges (both list formats), added/special tokens matched before
  * splitting (special ones only outside the caller's plain spans), and decoding
