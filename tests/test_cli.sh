@@ -113,6 +113,20 @@ expect_error missing-tensor "model.norm.weight" "$ENG" inspect --model "$T/m"
 
 copy_model; rm "$T/m/tokenizer.json"
 expect_error missing-tokenizer "tokenizer.json" "$ENG" inspect --model "$T/m"
+# without tokenizer.json, tiktoken.model is the tokenizer (Kimi's format)
+copy_model; rm "$T/m/tokenizer.json"; $PY - "$T/m" <<'PYEOF'
+import base64, json, sys
+d = sys.argv[1]
+lines = "".join("%s %d\n" % (base64.b64encode(bytes([b])).decode(), b) for b in range(256))
+open(d + "/tiktoken.model", "w").write(lines + "aGk= 256\n")
+json.dump({"added_tokens_decoder": {"257": {"content": "<|im_end|>", "special": True}}},
+          open(d + "/tokenizer_config.json", "w"))
+open(d + "/bad.model", "w").write(lines + "aG!= 256\n")
+PYEOF
+out=$("$ENG" tokenize --model "$T/m" --text "hi hi<|im_end|>" 2>&1)
+case "$out" in *"256 32 256 257"*) ok tiktoken-tokenize ;; *) bad tiktoken-tokenize "$out" ;; esac
+mv "$T/m/bad.model" "$T/m/tiktoken.model"
+expect_error bad-tiktoken "tiktoken.model: line 257: bad base64" "$ENG" tokenize --model "$T/m" --text hi
 
 # a working model: inspect, tokenize round trip, run
 if "$ENG" inspect --model "$GOOD" >"$T/out" 2>&1 && grep -q "routed experts" "$T/out"; then ok inspect; else bad inspect "$(tail -3 "$T/out")"; fi

