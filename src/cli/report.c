@@ -116,18 +116,37 @@ static void mem_report(const cli_stats *b) {
             (double)b->s.mem_slack / mib, (double)b->s.mem_reserve / mib, (double)b->s.cache_bytes / mib);
 }
 
+/* The decode summary's figures, from the statistics before (a) and after (b). */
+typedef struct summary_figs {
+    double tps, per_tok, bw, bound, wait;
+    uint64_t bytes, hits, miss, waste;
+} summary_figs;
+
+static summary_figs summary_figures(const cli_stats *a, const cli_stats *b, int n_dec, double dec_s,
+                                    double io_bw) {
+    summary_figs f;
+    f.tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
+    f.bytes = b->s.expert_bytes_read - a->s.expert_bytes_read;
+    f.hits = b->s.expert_hits - a->s.expert_hits;
+    f.miss = b->s.expert_misses - a->s.expert_misses;
+    f.waste = b->s.prefetch_bytes_wasted - a->s.prefetch_bytes_wasted;
+    f.wait = b->s.read_wait_s - a->s.read_wait_s;
+    /* Missed bytes are what the tokens needed and the cache did not hold; a
+     * wrong prediction's read is waste, not need. */
+    f.per_tok = n_dec ? (double)(f.bytes > f.waste ? f.bytes - f.waste : 0) / n_dec : 0;
+    f.bw = dec_s > 0 ? (double)f.bytes / dec_s : 0;
+    /* The I/O bound: tokens/s if every missed byte streamed at the measured
+     * device bandwidth and nothing else took time. */
+    f.bound = io_bw > 0 && f.per_tok > 0 ? io_bw * 1e9 / f.per_tok : 0;
+    return f;
+}
+
 /* The summary as one JSON object; the prediction quality only under bench. */
 static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *a, const cli_stats *b,
-                         size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw,
-                         uint64_t ram_budget, uint64_t storage_bytes) {
-    double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
-    uint64_t bytes = b->s.expert_bytes_read - a->s.expert_bytes_read;
-    uint64_t hits = b->s.expert_hits - a->s.expert_hits, miss = b->s.expert_misses - a->s.expert_misses;
-    uint64_t waste = b->s.prefetch_bytes_wasted - a->s.prefetch_bytes_wasted;
-    double wait = b->s.read_wait_s - a->s.read_wait_s;
-    double per_tok = n_dec ? (double)(bytes > waste ? bytes - waste : 0) / n_dec : 0;
-    double bw = dec_s > 0 ? (double)bytes / dec_s : 0;
-    double bound = io_bw > 0 && per_tok > 0 ? io_bw * 1e9 / per_tok : 0;
+                         const summary_figs *f, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
+                         double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
+    double tps = f->tps, per_tok = f->per_tok, bw = f->bw, bound = f->bound, wait = f->wait;
+    uint64_t bytes = f->bytes, hits = f->hits, miss = f->miss, waste = f->waste;
     fprintf(ev,
             "{\"event\":\"summary\",\"prompt_tokens\":%zu,\"prefill_s\":%.6f,\"decode_tokens\":%d,"
             "\"decode_s\":%.6f,\"tokens_per_s\":%.6f,\"expert_source\":\"%s\",\"cache_slots\":%d,"
@@ -164,18 +183,9 @@ static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *a
 void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats *a, const cli_stats *b,
                  size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw, uint64_t ram_budget,
                  uint64_t storage_bytes) {
-    double tps = n_dec && dec_s > 0 ? n_dec / dec_s : 0;
-    uint64_t bytes = b->s.expert_bytes_read - a->s.expert_bytes_read;
-    uint64_t hits = b->s.expert_hits - a->s.expert_hits, miss = b->s.expert_misses - a->s.expert_misses;
-    uint64_t waste = b->s.prefetch_bytes_wasted - a->s.prefetch_bytes_wasted;
-    double wait = b->s.read_wait_s - a->s.read_wait_s;
-    /* Missed bytes are what the tokens needed and the cache did not hold; a
-     * wrong prediction's read is waste, not need. */
-    double per_tok = n_dec ? (double)(bytes > waste ? bytes - waste : 0) / n_dec : 0;
-    double bw = dec_s > 0 ? (double)bytes / dec_s : 0;
-    /* The I/O bound: tokens/s if every missed byte streamed at the measured
-     * device bandwidth and nothing else took time. */
-    double bound = io_bw > 0 && per_tok > 0 ? io_bw * 1e9 / per_tok : 0;
+    summary_figs f = summary_figures(a, b, n_dec, dec_s, io_bw);
+    double tps = f.tps, per_tok = f.per_tok, bw = f.bw, bound = f.bound, wait = f.wait;
+    uint64_t bytes = f.bytes, hits = f.hits, miss = f.miss, waste = f.waste;
     if (text) {
         fprintf(stderr,
                 "summary: prefill %zu tokens %.3f s (%.2f tok/s) | decode %d tokens %.3f s (%.3f tok/s)\n"
@@ -198,7 +208,7 @@ void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats
         if (b->d.replay_routing)
             fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->d.replay_routing);
     }
-    if (ev) summary_json(ev, info, a, b, n_prompt, prefill_s, n_dec, dec_s, io_bw, ram_budget, storage_bytes);
+    if (ev) summary_json(ev, info, a, b, &f, n_prompt, prefill_s, n_dec, dec_s, io_bw, ram_budget, storage_bytes);
 }
 
 /* The product's prefetch report: what df_stats counts (bench's replaces it
