@@ -14,3 +14,16 @@ gen engine-dense --arch qwen3 --seed 12 --dtype f16 --vocab 1024 --hidden 64 --i
 # Speculative decoding: a draft whose vocabulary differs from the targets' (rejected).
 gen draft-v512 --arch qwen3 --seed 13 --dtype f16 --vocab 512 --hidden 32 --intermediate 64 \
     --layers 1 --heads 2 --kv-heads 1 --head-dim 16 --tie-embeddings 1 --max-pos 512
+# The DeepSeek-V3 family: V3-style (q-LoRA, sigmoid + correction bias, 4 groups keep 2,
+# 1 shared expert, first layer dense, YaRN with mscale) and V2-style (q_proj, softmax
+# greedy, 2 shared experts), sharded.
+gen engine-ds --arch deepseek_v3 --seed 14 --dtype bf16 --vocab 1024 --hidden 96 --intermediate 160 \
+    --layers 3 --heads 4 --q-lora-rank 48 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 \
+    --v-head-dim 16 --first-k-dense 1 --experts 16 --top-k 4 --n-group 4 --topk-group 2 \
+    --n-shared-experts 1 --moe-intermediate 32 --routed-scaling-factor 2.5 --max-pos 16384 \
+    --rope-scaling yarn:factor=4,original_max_position_embeddings=4096,mscale=1.0,mscale_all_dim=1.0 \
+    --max-shard-size 400000
+gen engine-ds-v2 --arch deepseek_v2 --seed 15 --dtype bf16 --vocab 1024 --hidden 64 --intermediate 128 \
+    --layers 3 --heads 4 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
+    --first-k-dense 1 --experts 8 --top-k 3 --n-shared-experts 2 --moe-intermediate 24 \
+    --norm-topk-prob 0 --max-pos 4096

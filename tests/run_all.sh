@@ -63,6 +63,10 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
 run_counted ref-selftest $PY tests/ref/test_ref_selftest.py
 run_counted deepseek-ref $PY tests/ref/test_deepseek_ref.py
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
+# the DeepSeek-V3 family: every model also prefilled 3 rows at a time through the latent
+# cache, and bitwise across thread counts
+run_counted reference-deepseek $PY tests/ref/check_model.py --suite --set deepseek --engine "$B/deltafin-san" \
+    --dir "$DF_TEST_MODELS/ref" --determinism --batch 3
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"

@@ -18,7 +18,7 @@
 static char model_path[4][512];
 
 static const char *model(int i) {
-    const char *names[] = {"engine-moe", "engine-dense"};
+    const char *names[] = {"engine-moe", "engine-dense", "engine-ds", "engine-ds-v2"};
     const char *d = getenv("DF_TEST_MODELS");
     snprintf(model_path[i], sizeof model_path[i], "%s/%s", d ? d : "build/test-models", names[i]);
     return model_path[i];
@@ -98,6 +98,9 @@ static void check_identical(int which) {
 }
 
 static void test_moe_bit_exact(void **st) { (void)st; check_identical(0); }
+/* the DeepSeek-V3 family: MLA in one (absorbed) form for prefill and decode */
+static void test_deepseek_v3_bit_exact(void **st) { (void)st; check_identical(2); }
+static void test_deepseek_v2_bit_exact(void **st) { (void)st; check_identical(3); }
 static void test_dense_bit_exact(void **st) { (void)st; check_identical(1); }
 
 static void test_truncate_replays(void **st) {
@@ -185,6 +188,7 @@ int main(void) {
     init_tokens();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_bit_exact),   cmocka_unit_test(test_dense_bit_exact),
+        cmocka_unit_test(test_deepseek_v3_bit_exact), cmocka_unit_test(test_deepseek_v2_bit_exact),
         cmocka_unit_test(test_truncate_replays), cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_text_stream),
     };

@@ -175,7 +175,18 @@ def parse_deepseek(p, a):
     else:
         a.eos = [] if a.eos_ids == "none" else [int(x) for x in a.eos_ids.split(",") if x.strip()]
     if a.tokenizer_dir is None:
-        a.tokenizer_dir = os.path.join(REPO, "assets", "tokenizers", a.arch)
+        # DeepSeek-V2's tokenizer has V3's format; Kimi K2's is made from Llama 3's
+        own = os.path.join(REPO, "assets", "tokenizers", a.arch)
+        a.tokenizer_dir = own if os.path.isdir(own) or a.arch != "deepseek_v2" else \
+            os.path.join(REPO, "assets", "tokenizers", "deepseek_v3")
+    a.test_tiktoken = a.arch == "kimi_k2" and not a.no_tokenizer and \
+        not os.path.exists(os.path.join(a.tokenizer_dir, "tiktoken.model"))
+    if a.test_tiktoken:
+        n_ranks = a.vocab - len(ds.KIMI_SPECIALS)
+        if a.bos_id == "auto" and a.bos is None:
+            a.bos = n_ranks
+        if a.eos_ids == "auto" and not a.eos:
+            a.eos = [n_ranks + 1]
     a.mlp_only = []
     return a
 
@@ -443,7 +454,10 @@ def generate(a):
         json.dump(gen_cfg, f, indent=2)
         f.write("\n")
 
-    if not a.no_tokenizer:
+    if a.deepseek and getattr(a, "test_tiktoken", False):
+        ds.write_test_tiktoken(a.out, os.path.join(REPO, "assets", "tokenizers", "llama3", "tokenizer.json"),
+                               a.vocab)
+    elif not a.no_tokenizer:
         optional = a.deepseek   # tokenizer.json or tiktoken.model, whichever the dir has
         names = ("tokenizer.json", "tokenizer_config.json") + (("tiktoken.model",) if a.deepseek else ())
         for fn in names:

@@ -319,3 +319,57 @@ def mtp_and_vision_plan(cfg, a, prefix, layer):
                  ("mm_projector.proj.0.weight", (H, 128)) + proj(128),
                  ("mm_projector.proj.2.weight", (H, H)) + proj(H)]
     return plan
+
+
+# ---- a small Kimi-style tiktoken tokenizer for test models -------------------------
+# Kimi K2's tokenizer is a tiktoken.model (base64 bytes and rank per line) with its
+# specials in tokenizer_config.json. No copy of Kimi's own file can be fetched, so
+# test models get one written from the Llama 3 byte-level BPE vocabulary (lowest
+# ranks first, so every kept token's merges are kept) with Kimi's special names at
+# the top of the model's vocabulary.
+KIMI_SPECIALS = ("[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
+                 "<|im_middle|>", "<|start_header_id|>", "<|end_header_id|>", "[UNK]", "[PAD]",
+                 "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+
+
+def _gpt2_byte_decoder():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def write_test_tiktoken(out_dir, llama3_json, vocab):
+    """Writes tiktoken.model + tokenizer_config.json for a model of `vocab` ids;
+    returns (bos, [eos]) ids."""
+    import base64
+    import json
+    import os
+    n_ranks = vocab - len(KIMI_SPECIALS)
+    if n_ranks < 256:
+        raise SystemExit(f"gen_checkpoint: --vocab {vocab} too small for a tiktoken tokenizer")
+    with open(llama3_json, encoding="utf-8") as f:
+        v = json.load(f)["model"]["vocab"]
+    dec = _gpt2_byte_decoder()
+    ranks = sorted((i, t) for t, i in v.items() if i < n_ranks)
+    lines = []
+    for i, t in ranks:
+        lines.append("%s %d\n" % (base64.b64encode(bytes(dec[ch] for ch in t)).decode(), i))
+    if len(lines) != n_ranks or len({ln.split()[0] for ln in lines}) != n_ranks:
+        raise SystemExit(f"gen_checkpoint: {llama3_json}: ranks 0..{n_ranks - 1} are not distinct")
+    with open(os.path.join(out_dir, "tiktoken.model"), "w") as f:
+        f.writelines(lines)
+    added = {str(n_ranks + k): {"content": s, "special": True} for k, s in enumerate(KIMI_SPECIALS)}
+    cfg = {"added_tokens_decoder": added, "bos_token": "[BOS]", "eos_token": "[EOS]",
+           "tokenizer_class": "TikTokenTokenizer"}
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    return n_ranks, [n_ranks + 1]

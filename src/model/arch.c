@@ -8,8 +8,10 @@
 #include <stdio.h>
 
 extern const df_arch df_arch_qwen3, df_arch_qwen3_moe;
+extern const df_arch df_arch_deepseek_v2, df_arch_deepseek_v3, df_arch_kimi_k2;
 
-static const df_arch *const TABLE[] = {&df_arch_qwen3, &df_arch_qwen3_moe};
+static const df_arch *const TABLE[] = {&df_arch_qwen3, &df_arch_qwen3_moe, &df_arch_deepseek_v2, &df_arch_deepseek_v3,
+                                       &df_arch_kimi_k2};
 
 #define N_ARCH (sizeof TABLE / sizeof TABLE[0])
 

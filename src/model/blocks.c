@@ -172,6 +172,14 @@ void df_rope_neox(float *x, int dim, const float *cosv, const float *sinv) {
     }
 }
 
+void df_rope_interleaved(float *x, int dim, const float *cosv, const float *sinv) {
+    for (int i = 0; i < dim / 2; i++) {
+        float a = x[2 * i], b = x[2 * i + 1];
+        x[2 * i] = a * cosv[i] - b * sinv[i];
+        x[2 * i + 1] = b * cosv[i] + a * sinv[i];
+    }
+}
+
 /* ---- grouped-query attention ------------------------------------------------------- */
 
 typedef struct {

@@ -57,6 +57,9 @@ void df_rope_free(df_rope *r);
 void df_rope_angles(const df_rope *r, int pos, float *cosv, float *sinv);
 /* NeoX layout: the two halves of a head rotate together. */
 void df_rope_neox(float *x, int dim, const float *cosv, const float *sinv);
+/* Interleaved layout (DeepSeek, Kimi): frequency i rotates the pair
+ * (x[2i], x[2i+1]). */
+void df_rope_interleaved(float *x, int dim, const float *cosv, const float *sinv);
 
 /* ---- grouped-query attention ------------------------------------------------------- */
 
@@ -65,6 +68,38 @@ void df_rope_neox(float *x, int dim, const float *cosv, const float *sinv);
  * [T][nh*hd]. The rows' keys and values are already appended. */
 void df_gqa_attend(df_pool *p, const df_batch *b, int li, const float *q, float *out, int nh, int nkv,
                    int hd);
+
+/* ---- multi-head latent attention (mla.c) ------------------------------------------- */
+
+/* MLA's shape: nh heads whose queries are [nope | rope] values, keys and
+ * values expanded from a kvl-wide latent by kv_b [nh*(nope+v)][kvl] (per
+ * head: nope key rows, then v value rows), and one rope key shared by all
+ * heads. The cache row of a position is [latent (kvl) | rotated rope key]. */
+typedef struct df_mla {
+    int nh, nope, rope, v, kvl;
+    float scale;          /* softmax scale: 1/sqrt(nope + rope), times YaRN's mscale^2 */
+} df_mla;
+
+typedef struct df_mla_work {
+    int rows, max_ctx;
+    float *qcat;          /* [rows][nh][kvl + rope] absorbed queries */
+    float *olat;          /* [rows][nh][kvl] attention-weighted latents */
+    float *score;         /* [score_cap] */
+    size_t score_cap;
+} df_mla_work;
+
+df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx);
+void df_mla_work_free(df_mla_work *w);
+uint64_t df_mla_work_bytes(const df_mla *a, int rows, int max_ctx);
+
+/* Causal attention of every row of the batch over its sequence's latent cache
+ * (layer li; the rows' cache rows already appended), in the absorbed form for
+ * every row: q_lat = W_UK^T q_nope per head, score_j = [q_lat | q_pe] . cache_j,
+ * softmax, o_lat = sum_j p_j latent_j, out = W_UV o_lat. q [T][nh][nope+rope]
+ * (rope part rotated), out [T][nh*v]. One form for prefill and decode, so a
+ * row's result is the same in a batch of any size. */
+void df_mla_attend(df_pool *p, const df_batch *b, int li, const df_mla *a, const df_weight *kv_b,
+                   const float *q, float *out, df_mla_work *w);
 
 /* ---- feed-forward ------------------------------------------------------------------- */
 
@@ -80,6 +115,22 @@ void df_swiglu(df_pool *p, const df_wview *gate, const df_wview *up, const df_wv
  * own probability for it, renormalised the same way. */
 void df_route_softmax_topk(const float *logits, int E, int K, bool norm, int *sel, float *w,
                            const int *forced);
+
+/* The scored router (router.c): softmax or sigmoid scores; top-k over the
+ * scores (plus the correction bias for noaux_tc), within the topk_group best
+ * of n_group groups for the group methods; weights are the chosen experts'
+ * scores, renormalised to sum to one (norm, k > 1), times `scaling` unless
+ * renormalised and !scale_normed. forced (routing replay): these ids. */
+typedef struct df_router {
+    df_score_fn scoring;
+    df_topk_method method;
+    int n_group, topk_group;
+    bool norm, scale_normed;
+    float scaling;
+} df_router;
+
+void df_route_scored(const df_router *r, const float *logits, const float *bias, int E, int K, int *sel,
+                     float *w, const int *forced);
 
 /* A MoE layer's buffers for up to `rows` rows of width H through E experts
  * (top-K) of inner width I; the family's router fills sel/selw. */

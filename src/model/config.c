@@ -218,8 +218,34 @@ static int parse_token_ids(df_config *c, json_t *root, const df_cfg_ctx *p) {
     return DF_OK;
 }
 
+static int parse_fields(df_config *c, json_t *root, const df_cfg_ctx *p);
+
 /* The fields every family shares, then the family's own, then the token ids. */
 static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
+    int rc;
+    const char *s;
+
+    if ((rc = df_cfg_str(p, root, "model_type", true, &s))) return rc;
+    /* A multimodal wrapper (Kimi K2.5 style): the text model's config is its
+     * text_config and its tensors carry the language_model. prefix; the
+     * vision tower is not used. */
+    json_t *text = df_cfg_field(root, "text_config");
+    if (text && !df_arch_find(s)) {
+        if (!json_is_object(text))
+            return df_fail(p->err, DF_ERR_FORMAT, "%s: field 'text_config' must be an object", p->path);
+        df_cfg_ctx tp = {p->path, "text_config.", p->err};
+        snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "language_model.");
+        if ((rc = parse_fields(c, text, &tp))) return rc;
+        /* token ids may sit on the wrapper */
+        return parse_token_ids(c, df_cfg_field(text, "eos_token_id") ? text : root,
+                               df_cfg_field(text, "eos_token_id") ? &tp : p);
+    }
+    if ((rc = parse_fields(c, root, p))) return rc;
+    return parse_token_ids(c, root, p);
+}
+
+/* The fields of the text model's config (root, or a wrapper's text_config). */
+static int parse_fields(df_config *c, json_t *root, const df_cfg_ctx *p) {
     int rc;
     const char *s;
 
@@ -264,8 +290,7 @@ static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
     if ((rc = df_cfg_num(p, root, "rope_theta", false, true, &c->rope_theta, NULL))) return rc;
     if ((rc = df_cfg_bool(p, root, "tie_word_embeddings", &c->tie_word_embeddings))) return rc;
 
-    if ((rc = c->arch->parse_config(c, root, p))) return rc;
-    return parse_token_ids(c, root, p);
+    return c->arch->parse_config(c, root, p);
 }
 
 int df_cfg_layer_list(const df_cfg_ctx *p, json_t *root, const char *key, int n_layers, bool *mark) {
@@ -314,6 +339,8 @@ static void set_defaults(df_config *c) {
     c->yarn_beta_slow = 1.0;
     c->yarn_truncate = true;
     c->decoder_sparse_step = 1;
+    c->routed_scaling_factor = 1.0;
+    c->n_group = c->topk_group = 1;
     c->bos_token_id = -1;
 }
 

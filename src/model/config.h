@@ -24,6 +24,13 @@ typedef enum df_rope_type {
 
 #define DF_MAX_LAYERS 512
 
+typedef enum df_score_fn { DF_SCORE_SOFTMAX = 0, DF_SCORE_SIGMOID } df_score_fn;
+typedef enum df_topk_method {
+    DF_TOPK_GREEDY = 0,         /* the k best scores */
+    DF_TOPK_GROUP_LIMITED,      /* within the topk_group groups of best max score */
+    DF_TOPK_NOAUX_TC            /* score + correction bias, groups by top-2 sum */
+} df_topk_method;
+
 typedef struct df_config {
     const struct df_arch *arch; /* the architecture table entry of model_type */
     char model_type[32];
@@ -57,6 +64,19 @@ typedef struct df_config {
     int decoder_sparse_step;
     bool norm_topk_prob;
     bool layer_is_moe[DF_MAX_LAYERS]; /* derived by the family */
+    int n_shared_experts;       /* always-active experts beside the routed ones */
+    double routed_scaling_factor;
+    df_score_fn scoring;        /* router scores from logits */
+    df_topk_method topk_method; /* how the top-k is selected */
+    int n_group, topk_group;    /* expert groups, and how many a token may use */
+
+    /* multi-head latent attention (0 kv_lora_rank: none) */
+    int q_lora_rank;            /* 0: a plain q_proj */
+    int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+
+    /* Prefix of the text model's tensor names: "" or, for a multimodal
+     * wrapper whose config.json has a text_config, "language_model." */
+    char tensor_prefix[32];
 
     /* token ids named in config.json (generation_config.json may override the
      * end-of-sequence ids: model/generation.h) */

@@ -102,18 +102,22 @@ int df_model_check_experts(const df_model *m, const int *rows, const int *cols, 
 
 static int load_common(df_model *m, df_error *err) {
     const df_config *c = &m->cfg;
-    bool tied = c->tie_word_embeddings && !df_st_find(m->st, "lm_head.weight");
+    const char *pre = c->tensor_prefix;
+    char embed[96], norm[96], head[96];
+    snprintf(embed, sizeof embed, "%smodel.embed_tokens.weight", pre);
+    snprintf(norm, sizeof norm, "%smodel.norm.weight", pre);
+    snprintf(head, sizeof head, "%slm_head.weight", pre);
+    bool tied = c->tie_word_embeddings && !df_st_find(m->st, head);
     int rc;
     /* tied: the head reads all of the table every token */
-    if ((rc = df_model_matrix(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, tied,
-                              err)) ||
-        (rc = df_model_vector(m, &m->final_norm, "model.norm.weight", c->hidden_size, err)))
+    if ((rc = df_model_matrix(m, &m->embed, embed, c->vocab_size, c->hidden_size, tied, err)) ||
+        (rc = df_model_vector(m, &m->final_norm, norm, c->hidden_size, err)))
         return rc;
     if (tied) {
         m->lm_head = m->embed;
         return DF_OK;
     }
-    return df_model_matrix(m, &m->lm_head, "lm_head.weight", c->vocab_size, c->hidden_size, true, err);
+    return df_model_matrix(m, &m->lm_head, head, c->vocab_size, c->hidden_size, true, err);
 }
 
 int df_model_load(df_model *m, const char *dir, df_error *err) {

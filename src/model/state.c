@@ -1,6 +1,7 @@
 /*
  * state.c - sequences of per-layer states (state.h) and the grouped-query
- * key/value cache, the positional state of attention layers.
+ * key/value cache and the latent cache, the positional states of attention
+ * layers.
  */
 #include "model/state.h"
 
@@ -62,6 +63,48 @@ int df_kv_state_new(df_lstate **out, int max_ctx, int kv_dim, df_error *err) {
     kv->max_ctx = max_ctx;
     kv->kv_dim = kv_dim;
     *out = &kv->base;
+    return DF_OK;
+}
+
+/* ---- latent cache ------------------------------------------------------------ */
+
+static uint64_t latent_bytes(const df_lstate *s) {
+    const df_latent_state *l = df_latent_of(s);
+    return df_latent_state_bytes(l->max_ctx, l->dim);
+}
+
+static void latent_append(df_lstate *s, int pos, const float *row) {
+    df_latent_state *l = (df_latent_state *)s;
+    memcpy(l->row + (size_t)pos * (size_t)l->dim, row, sizeof(float) * (size_t)l->dim);
+}
+
+static void latent_free(df_lstate *s) {
+    df_latent_state *l = (df_latent_state *)s;
+    free(l->row);
+    free(l);
+}
+
+/* Positional like the KV cache: snapshot and rollback have nothing to do. */
+static const df_lstate_ops LATENT_OPS = {"latent", true, latent_bytes, latent_append, kv_snapshot, kv_rollback,
+                                         latent_free};
+
+uint64_t df_latent_state_bytes(int max_ctx, int dim) {
+    return sizeof(float) * (uint64_t)(max_ctx > 0 ? max_ctx : 0) * (uint64_t)(dim > 0 ? dim : 0);
+}
+
+int df_latent_state_new(df_lstate **out, int max_ctx, int dim, df_error *err) {
+    *out = NULL;
+    df_latent_state *l = calloc(1, sizeof *l);
+    if (l) l->row = malloc(sizeof(float) * (size_t)max_ctx * (size_t)dim);
+    if (!l || !l->row) {
+        free(l);
+        return df_fail(err, DF_ERR_NOMEM, "latent cache of %d positions (%.1f MiB) does not fit in memory",
+                       max_ctx, (double)df_latent_state_bytes(max_ctx, dim) / 1048576.0);
+    }
+    l->base.ops = &LATENT_OPS;
+    l->max_ctx = max_ctx;
+    l->dim = dim;
+    *out = &l->base;
     return DF_OK;
 }
 

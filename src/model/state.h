@@ -56,6 +56,21 @@ uint64_t df_kv_state_bytes(int max_ctx, int kv_dim);
 int df_kv_state_new(df_lstate **out, int max_ctx, int kv_dim, df_error *err);
 static inline const df_kv_state *df_kv_of(const df_lstate *s) { return (const df_kv_state *)s; }
 
+/* ---- latent cache (multi-head latent attention) ------------------------------ */
+
+/* [position][dim] F32: per position, what the attention layer derives every
+ * head's keys and values from (MLA: the normalised latent, then the rotated
+ * shared rope key). */
+typedef struct df_latent_state {
+    df_lstate base;
+    int max_ctx, dim;
+    float *row;
+} df_latent_state;
+
+uint64_t df_latent_state_bytes(int max_ctx, int dim);
+int df_latent_state_new(df_lstate **out, int max_ctx, int dim, df_error *err);
+static inline const df_latent_state *df_latent_of(const df_lstate *s) { return (const df_latent_state *)s; }
+
 /* ---- one sequence -------------------------------------------------------------- */
 
 #define DF_SEQ_MAX_KEEP 64
