@@ -541,10 +541,10 @@ static void inspect(const df_model *m, FILE *f) {
     static const char *const SC[] = {"softmax", "sigmoid"}, *const TK[] = {"greedy", "group_limited_greedy",
                                                                             "noaux_tc"};
     if (c->tensor_prefix[0]) fprintf(f, "text model            text_config, tensors under '%s'\n", c->tensor_prefix);
-    fprintf(f, "attention             MLA, %d heads, q %s, kv_lora_rank %d, qk nope %d + rope %d, v %d\n",
-            c->num_attention_heads, c->q_lora_rank ? "LoRA" : "q_proj", c->kv_lora_rank, c->qk_nope_head_dim,
-            c->qk_rope_head_dim, c->v_head_dim);
-    if (c->q_lora_rank) fprintf(f, "q_lora_rank           %d\n", c->q_lora_rank);
+    char q[32] = "q_proj";
+    if (c->q_lora_rank) snprintf(q, sizeof q, "q-LoRA %d", c->q_lora_rank);
+    fprintf(f, "attention             MLA, %d heads, %s, kv_lora_rank %d, qk nope %d + rope %d, v %d\n",
+            c->num_attention_heads, q, c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim);
     /* expanded: every head's key (nope + rope) and value */
     uint64_t cd = (uint64_t)cache_dim(c), ex = (uint64_t)c->num_attention_heads * (uint64_t)(c->head_dim + c->v_head_dim);
     fprintf(f, "latent cache          %llu values per token per layer (%llu B as F32); expanded K/V: %llu (%.1fx)\n",
