@@ -82,6 +82,9 @@ typedef struct df_engine_opts {
      * what it is, for the budget's error message. */
     uint64_t reserve_bytes;
     const char *reserve_for;
+    /* 1: opened only to be described (inspect): weights used in place are
+     * left mapped, not read into memory ahead of use. */
+    int describe_only;
 } df_engine_opts;
 
 typedef struct df_model_info {

@@ -70,6 +70,7 @@ run_counted reference-deepseek $PY tests/ref/check_model.py --suite --set deepse
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
+run_counted real-layout bash tests/test_real_layout.sh "$B/deltafin-san"
 run_counted budget bash tests/test_budget.sh "$B/deltafin"
 run_counted server bash tests/test_server.sh "$B/deltafin-san"
 run_counted replay bash tests/test_replay.sh "$B/deltafin-san"

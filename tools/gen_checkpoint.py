@@ -113,6 +113,9 @@ def parse_args(argv):
                         "`deltafin bench run --replay-routing TRACE` accepts it: --experts, --top-k and "
                         "--layers from its header; model layers before the trace's first MoE layer "
                         "(\"model layers a..b\") become dense via mlp_only_layers")
+    p.add_argument("--sparse", action="store_true",
+                   help="tensors are holes of zero bytes (sparse files): full-size real shapes for "
+                        "layout checks with `deltafin inspect`, not for running")
     p.add_argument("--out", required=True)
     ds.add_args(p)
     a = p.parse_args(argv)
@@ -182,7 +185,7 @@ def parse_deepseek(p, a):
     a.test_tiktoken = a.arch == "kimi_k2" and not a.no_tokenizer and \
         not os.path.exists(os.path.join(a.tokenizer_dir, "tiktoken.model"))
     if a.test_tiktoken:
-        n_ranks = a.vocab - len(ds.KIMI_SPECIALS)
+        n_ranks = ds.test_tiktoken_ranks(a.vocab)
         if a.bos_id == "auto" and a.bos is None:
             a.bos = n_ranks
         if a.eos_ids == "auto" and not a.eos:
@@ -433,7 +436,9 @@ def generate(a):
         w = st.SafeTensorsWriter(os.path.join(a.out, fn), specs, {"format": "pt"})
         for t in shard:
             name, shape, mean, std = t[:4]
-            if len(t) > 4 and "fill" in t[4]:
+            if a.sparse:
+                w.skip(name)
+            elif len(t) > 4 and "fill" in t[4]:
                 w.write(name, t[4]["fill"](tensor_rng(a.seed, name)))
             else:
                 write_tensor(w, name, shape, mean, std, a.seed, tensor_dtype(t, st_dtype), pool)

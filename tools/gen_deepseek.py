@@ -346,17 +346,23 @@ def _gpt2_byte_decoder():
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
+def test_tiktoken_ranks(vocab):
+    """How many ranks write_test_tiktoken keeps for a model of `vocab` ids (the
+    specials follow them; Llama 3 has 128,000 ranks)."""
+    return min(vocab, 128000) - len(KIMI_SPECIALS)
+
+
 def write_test_tiktoken(out_dir, llama3_json, vocab):
     """Writes tiktoken.model + tokenizer_config.json for a model of `vocab` ids;
     returns (bos, [eos]) ids."""
     import base64
     import json
     import os
-    n_ranks = vocab - len(KIMI_SPECIALS)
-    if n_ranks < 256:
-        raise SystemExit(f"gen_checkpoint: --vocab {vocab} too small for a tiktoken tokenizer")
     with open(llama3_json, encoding="utf-8") as f:
         v = json.load(f)["model"]["vocab"]
+    n_ranks = test_tiktoken_ranks(vocab)
+    if n_ranks < 256:
+        raise SystemExit(f"gen_checkpoint: --vocab {vocab} too small for a tiktoken tokenizer")
     dec = _gpt2_byte_decoder()
     ranks = sorted((i, t) for t, i in v.items() if i < n_ranks)
     lines = []

@@ -252,7 +252,8 @@ df_engine_opts cli_engine_opts(const cli_args *a) {
     return (df_engine_opts){.model_dir = a->model, .n_threads = a->threads, .isa = a->isa,
                             .experts = a->experts, .ram_budget = a->ram_budget, .context = a->ctx,
                             .expert_cache = a->expert_cache, .cache_policy = a->policy,
-                            .pin_bytes = a->pin, .prefill_chunk = a->chunk, .prefetch = a->prefetch};
+                            .pin_bytes = a->pin, .prefill_chunk = a->chunk, .prefetch = a->prefetch,
+                            .describe_only = a->describe_only};
 }
 
 void cli_die_err(const df_error *e) {

@@ -21,6 +21,7 @@ typedef struct cli_args {
     const char *model, *isa, *experts, *policy, *prefetch;
     uint64_t ram_budget, expert_cache, pin;
     int threads, ctx, chunk;
+    bool describe_only; /* inspect: open without reading weights ahead */
     /* run: prompt, chat, output */
     const char *prompt, *prompt_tokens, *system, *events;
     bool chat, think, print_ids, stats;

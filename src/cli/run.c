@@ -288,6 +288,7 @@ int cli_inspect_main(int argc, char **argv) {
     cli_args_init(&a);
     int rc = cli_parse(&INSPECT_CMD, &a, argc, argv);
     if (rc) return rc == CLI_HELP ? 0 : rc;
+    a.describe_only = true;
     df_engine *e = cli_open_engine(&a, NULL);
     df_engine_inspect(e, stdout);
     df_engine_close(e);

@@ -100,7 +100,7 @@ static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engi
             return rc;
         }
     }
-    if (!e->store) df_engine_resident_weights(&e->model);
+    if (!e->store && !opts->describe_only) df_engine_resident_weights(&e->model);
     if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
     return DF_OK;
 }

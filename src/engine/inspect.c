@@ -88,5 +88,10 @@ void df_engine_inspect(const df_engine *e, FILE *f) {
     fprintf(f, "\nbytes: total %s (%llu), always-active %s (%llu), routed experts %s (%llu)\n", a,
             (unsigned long long)m->bytes_total, d, (unsigned long long)m->bytes_dense, x,
             (unsigned long long)m->bytes_experts);
+    if (m->n_unused) {
+        df_fmt_bytes_iec(x, sizeof x, m->bytes_unused);
+        fprintf(f, "not used: %d tensor%s, %s (%llu): MTP layers, vision tower, rotary buffers and the like\n",
+                m->n_unused, m->n_unused == 1 ? "" : "s", x, (unsigned long long)m->bytes_unused);
+    }
 }
 

@@ -73,7 +73,8 @@ static int parse_enum(const df_cfg_ctx *p, json_t *root, const char *key, const 
     for (int i = 0; i < n; i++)
         if (strcmp(s, names[i]) == 0) return *out = i, DF_OK;
     char list[128] = "";
-    for (int i = 0; i < n; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
     return df_fail(p->err, DF_ERR_UNSUPPORTED, "%s: field '%s%s' '%.64s' is not supported (supported: %s)",
                    p->path, p->prefix, key, s, list);
 }
@@ -140,8 +141,8 @@ static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
     const char *s;
     if ((rc = df_cfg_str(p, root, "hidden_act", false, &s))) return rc;
     if (s && strcmp(s, "silu") != 0)
-        return df_fail(p->err, DF_ERR_UNSUPPORTED, "%s: field '%shidden_act' '%.64s' is not supported (supported: silu)",
-                       p->path, p->prefix, s);
+        return df_fail(p->err, DF_ERR_UNSUPPORTED,
+                       "%s: field '%shidden_act' '%.64s' is not supported (supported: silu)", p->path, p->prefix, s);
     if ((rc = df_cfg_int(p, root, "intermediate_size", true, 1, DF_CFG_MAX_INTER, &c->intermediate_size, NULL)) ||
         (rc = parse_mla(c, root, p)) || (rc = df_cfg_rope(c, root, p)) || (rc = parse_experts(c, root, p)) ||
         (rc = df_cfg_int(p, root, "num_nextn_predict_layers", false, 0, 16, &mtp, NULL)))
@@ -546,7 +547,8 @@ static void inspect(const df_model *m, FILE *f) {
     fprintf(f, "attention             MLA, %d heads, %s, kv_lora_rank %d, qk nope %d + rope %d, v %d\n",
             c->num_attention_heads, q, c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim);
     /* expanded: every head's key (nope + rope) and value */
-    uint64_t cd = (uint64_t)cache_dim(c), ex = (uint64_t)c->num_attention_heads * (uint64_t)(c->head_dim + c->v_head_dim);
+    uint64_t cd = (uint64_t)cache_dim(c);
+    uint64_t ex = (uint64_t)c->num_attention_heads * (uint64_t)(c->head_dim + c->v_head_dim);
     fprintf(f, "latent cache          %llu values per token per layer (%llu B as F32); expanded K/V: %llu (%.1fx)\n",
             (unsigned long long)cd, (unsigned long long)(4 * cd), (unsigned long long)ex, (double)ex / (double)cd);
     fprintf(f, "intermediate_size     %d (dense layers)\n", c->intermediate_size);
@@ -554,13 +556,14 @@ static void inspect(const df_model *m, FILE *f) {
     static const char *const rope[] = {"default", "linear", "dynamic", "yarn"};
     fprintf(f, "rope                  theta %g, interleaved, scaling %s", c->rope_theta, rope[c->rope_type]);
     if (c->rope_type != DF_ROPE_DEFAULT) fprintf(f, " (factor %g)", c->rope_factor);
-    fprintf(f, "\nsoftmax scale         %.6g\n", (double)softmax_scale(c));
+    fprintf(f, "\nsoftmax scale         %.6f\n", (double)softmax_scale(c));
     fprintf(f, "rms_norm_eps          %g (latent norms 1e-6)\n", c->rms_norm_eps);
     if (c->num_experts == 0) return;
     fprintf(f, "experts               %d routed, top-%d, %d shared, moe_intermediate %d\n", c->num_experts,
             c->num_experts_per_tok, c->n_shared_experts, c->moe_intermediate_size);
     fprintf(f, "router                %s, %s", SC[c->scoring], TK[c->topk_method]);
-    if (c->topk_method != DF_TOPK_GREEDY) fprintf(f, ", %d groups keep %d", c->n_group, c->topk_group);
+    if (c->topk_method != DF_TOPK_GREEDY && c->n_group > 1)
+        fprintf(f, ", %d groups keep %d", c->n_group, c->topk_group);
     fprintf(f, ", norm_topk_prob %s, routed_scaling_factor %g\n", c->norm_topk_prob ? "yes" : "no",
             c->routed_scaling_factor);
     int first = 0;

@@ -29,12 +29,15 @@ static int computable(const df_model *m, const df_tensor *t, df_error *err) {
                    df_st_file_path(m->st, t->file), t->name, df_dtype_name(t->dtype));
 }
 
-static int find(const df_model *m, const char *name, const df_tensor **out, df_error *err) {
+static int find(df_model *m, const char *name, const df_tensor **out, df_error *err) {
     const df_tensor *t = df_st_find(m->st, name);
     if (!t)
         return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
                        df_st_file_path(m->st, 0), name);
-    return computable(m, t, err) ? DF_ERR_UNSUPPORTED : (*out = t, DF_OK);
+    if (computable(m, t, err)) return DF_ERR_UNSUPPORTED;
+    m->used[df_st_index(m->st, t)] = true;
+    *out = t;
+    return DF_OK;
 }
 static void shape_str(const df_tensor *t, char *buf, size_t n) {
     size_t o = 0;
@@ -128,6 +131,7 @@ int df_model_load(df_model *m, const char *dir, df_error *err) {
     const df_config *c = &m->cfg;
     size_t nt = df_st_count(m->st);
     for (size_t i = 0; i < nt; i++) m->bytes_total += df_st_at(m->st, i)->nbytes;
+    m->used = df_xcalloc(nt ? nt : 1, sizeof(bool));
     if ((rc = load_common(m, err)) || (rc = df_expert_inventory_build(&m->experts, c, m->st, err)) ||
         (rc = c->arch->load(m, err)))
         goto fail;
@@ -137,7 +141,12 @@ int df_model_load(df_model *m, const char *dir, df_error *err) {
             for (int p = 0; p < m->experts.layout->n_parts; p++)
                 m->is_expert[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = true;
     m->bytes_experts = m->experts.bytes;
-    m->bytes_dense = m->bytes_total - m->bytes_experts;
+    for (size_t i = 0; i < nt; i++) {
+        uint64_t b = df_st_at(m->st, i)->nbytes;
+        if (m->is_expert[i]) continue;
+        if (m->used[i]) m->bytes_dense += b;
+        else m->bytes_unused += b, m->n_unused++;
+    }
     return DF_OK;
 fail:
     df_model_free(m);
@@ -150,6 +159,7 @@ void df_model_free(df_model *m) {
     free(m->final_norm);
     free(m->active);
     free(m->is_expert);
+    free(m->used);
     if (m->ram) munmap(m->ram, m->ram_bytes);
     free(m->ram_of);
     if (m->st) df_st_close(m->st);

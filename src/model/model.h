@@ -34,7 +34,11 @@ typedef struct df_model {
     void *fam;         /* the family's layers (arch->load / arch->unload) */
     df_expert_inventory experts;
     bool *is_expert;   /* [df_st_count]: a routed expert's tensor */
-    uint64_t bytes_total, bytes_dense, bytes_experts;
+    bool *used;        /* [df_st_count]: a tensor the forward pass reads (experts included) */
+    /* dense: the always-active tensors the forward pass reads; unused: what
+     * it never reads (MTP layers, a wrapper's vision tower, rotary buffers) */
+    uint64_t bytes_total, bytes_dense, bytes_experts, bytes_unused;
+    int n_unused;
     /* the always-active matrices every token reads (df_model_matrix with active) */
     df_weight **active;
     int n_active, cap_active;
