@@ -383,6 +383,35 @@ static bool exists(const char *p) {
     return f != NULL;
 }
 
+/* tokenizer_config.json's chat_template: a string, or a list of {"name",
+ * "template"} whose "default" entry is the chat template. */
+static int read_chat_template(df_tokenizer *t, const char *path, df_error *err) {
+    char *text;
+    size_t n;
+    int rc = df_read_file(path, &text, &n, err);
+    if (rc) return rc;
+    json_error_t je;
+    json_t *root = json_loadb(text, n, JSON_DECODE_INT_AS_REAL, &je);
+    free(text);
+    if (!root)
+        return df_fail(err, DF_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", path, je.line,
+                       je.column, je.text);
+    json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
+    for (size_t i = 0; json_is_array(ct) && i < json_array_size(ct); i++) {
+        json_t *e = json_array_get(ct, i), *name = json_object_get(e, "name");
+        if (json_is_string(name) && strcmp(json_string_value(name), "default") == 0) {
+            ct = json_object_get(e, "template");
+            break;
+        }
+    }
+    if (json_is_string(ct)) t->chat_template = df_xstrdup(json_string_value(ct));
+    else if (ct && !json_is_null(ct) && !json_is_array(ct))
+        rc = df_fail(err, DF_ERR_FORMAT,
+                     "%s: field 'chat_template' must be a string or a list of {\"name\", \"template\"}", path);
+    json_decref(root);
+    return rc;
+}
+
 int df_tokenizer_load_dir(df_tokenizer **out, const char *dir, df_error *err) {
     if (!out || !dir) return df_fail(err, DF_ERR_ARG, "df_tokenizer_load_dir: NULL argument");
     char *tj = df_path_join(dir, "tokenizer.json");
@@ -394,6 +423,10 @@ int df_tokenizer_load_dir(df_tokenizer **out, const char *dir, df_error *err) {
         rc = df_tokenizer_load_tiktoken(out, tm, exists(tc) ? tc : NULL, NULL, err);
     else
         rc = df_tokenizer_load(out, tj, err);
+    if (rc == DF_OK && exists(tc) && (rc = read_chat_template(*out, tc, err))) {
+        df_tokenizer_free(*out);
+        *out = NULL;
+    }
     free(tj);
     free(tm);
     free(tc);
