@@ -383,9 +383,10 @@ static bool exists(const char *p) {
     return f != NULL;
 }
 
-/* tokenizer_config.json's chat_template: a string, or a list of {"name",
- * "template"} whose "default" entry is the chat template. */
-static int read_chat_template(df_tokenizer *t, const char *path, df_error *err) {
+/* tokenizer_config.json's chat_template into *out (NULL if none): a string, or
+ * a list of {"name", "template"} whose "default" entry is the chat template. */
+static int read_chat_template(char **out, const char *path, df_error *err) {
+    *out = NULL;
     char *text;
     size_t n;
     int rc = df_read_file(path, &text, &n, err);
@@ -404,7 +405,7 @@ static int read_chat_template(df_tokenizer *t, const char *path, df_error *err) 
             break;
         }
     }
-    if (json_is_string(ct)) t->chat_template = df_xstrdup(json_string_value(ct));
+    if (json_is_string(ct)) *out = df_xstrdup(json_string_value(ct));
     else if (ct && !json_is_null(ct) && !json_is_array(ct))
         rc = df_fail(err, DF_ERR_FORMAT,
                      "%s: field 'chat_template' must be a string or a list of {\"name\", \"template\"}", path);
@@ -417,16 +418,16 @@ int df_tokenizer_load_dir(df_tokenizer **out, const char *dir, df_error *err) {
     char *tj = df_path_join(dir, "tokenizer.json");
     char *tm = df_path_join(dir, "tiktoken.model");
     char *tc = df_path_join(dir, "tokenizer_config.json");
-    int rc;
+    char *tmpl = NULL;
+    /* the small file first: its errors come before a large tokenizer's load */
+    int rc = exists(tc) ? read_chat_template(&tmpl, tc, err) : DF_OK;
     /* without either file, the error names tokenizer.json, the usual one */
-    if (!exists(tj) && exists(tm))
+    if (rc == DF_OK && !exists(tj) && exists(tm))
         rc = df_tokenizer_load_tiktoken(out, tm, exists(tc) ? tc : NULL, NULL, err);
-    else
+    else if (rc == DF_OK)
         rc = df_tokenizer_load(out, tj, err);
-    if (rc == DF_OK && exists(tc) && (rc = read_chat_template(*out, tc, err))) {
-        df_tokenizer_free(*out);
-        *out = NULL;
-    }
+    if (rc == DF_OK) (*out)->chat_template = tmpl;
+    else free(tmpl);
     free(tj);
     free(tm);
     free(tc);
