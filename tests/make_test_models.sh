@@ -27,3 +27,20 @@ gen engine-ds-v2 --arch deepseek_v2 --seed 15 --dtype bf16 --vocab 1024 --hidden
     --layers 3 --heads 4 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
     --first-k-dense 1 --experts 8 --top-k 3 --n-shared-experts 2 --moe-intermediate 24 \
     --norm-topk-prob 0 --max-pos 4096
+# Chat and the server on the family (test_cli.sh, test_server.sh): a DeepSeek-V3 with
+# the real vocabulary, so its tokenizer's role markers (<｜User｜> = 128803) are in
+# range; a Kimi K2 with a tiktoken.model (written from the Llama 3 vocabulary, Kimi's
+# special names at the top of the 1024 ids); a Kimi K2.5-style wrapper (text_config,
+# language_model. prefix, a vision tower that is never read).
+gen engine-ds-chat --arch deepseek_v3 --seed 17 --dtype bf16 --vocab 129280 --hidden 32 --intermediate 64 \
+    --layers 2 --heads 2 --q-lora-rank 16 --kv-lora-rank 16 --qk-nope-dim 8 --qk-rope-dim 8 --v-head-dim 8 \
+    --first-k-dense 1 --experts 8 --top-k 2 --n-group 2 --topk-group 1 --n-shared-experts 1 \
+    --moe-intermediate 16 --routed-scaling-factor 2.5 --max-pos 4096
+gen engine-kimi --arch kimi_k2 --seed 18 --dtype bf16 --vocab 1024 --hidden 64 --intermediate 128 \
+    --layers 2 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
+    --first-k-dense 1 --experts 8 --top-k 2 --n-shared-experts 1 --moe-intermediate 24 \
+    --routed-scaling-factor 2.827 --max-pos 4096
+gen engine-kimi-wrap --arch kimi_k2 --seed 19 --dtype bf16 --vocab 1024 --hidden 64 --intermediate 128 \
+    --layers 2 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
+    --first-k-dense 1 --experts 8 --top-k 2 --n-shared-experts 1 --moe-intermediate 24 \
+    --routed-scaling-factor 2.827 --max-pos 4096 --wrap-language-model

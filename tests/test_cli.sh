@@ -373,4 +373,221 @@ else
     bad demo-pack "$(tail -3 "$T/out")"
 fi
 
+
+# ---- the DeepSeek-V3 family: bad input, inspect, chat, logits
+DS=$MODELS/engine-ds; DS2=$MODELS/engine-ds-v2; DSC=$MODELS/engine-ds-chat
+KIMI=$MODELS/engine-kimi; KW=$MODELS/engine-kimi-wrap
+copy_of() { rm -rf "$T/m"; cp -r "$1" "$T/m"; }
+# set_cfg FILE KEY=JSON... : top-level fields of a JSON file (KEY=DEL removes; a.b=... nests)
+set_cfg() { $PY - "$@" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p, encoding="utf-8"))
+for kv in sys.argv[2:]:
+    k, v = kv.split("=", 1); o = c; ks = k.split(".")
+    for x in ks[:-1]: o = o[x]
+    if v == "DEL": o.pop(ks[-1])
+    else: o[ks[-1]] = json.loads(v)
+json.dump(c, open(p, "w", encoding="utf-8"), ensure_ascii=False)
+PYEOF
+}
+# drop_tensor DIR NAME: removes a tensor from its shard's header and from the index
+drop_tensor() { $PY - "$1" "$2" <<'PYEOF'
+import glob, json, os, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+for path in glob.glob(d + "/*.safetensors"):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    if h.pop(name, None) is None: continue
+    s = json.dumps(h, separators=(",", ":")).encode(); s += b" " * (-len(s) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(s)) + s + b[8 + n:])
+ix = d + "/model.safetensors.index.json"
+if os.path.exists(ix):
+    j = json.load(open(ix)); j["weight_map"].pop(name); json.dump(j, open(ix, "w"))
+PYEOF
+}
+# missing MLA and router tensors: the tensor named, against the index of a sharded checkpoint
+for t in self_attn.kv_b_proj.weight self_attn.kv_a_layernorm.weight self_attn.q_a_layernorm.weight \
+         self_attn.kv_a_proj_with_mqa.weight mlp.gate.e_score_correction_bias mlp.shared_experts.up_proj.weight; do
+    copy_of "$DS"; drop_tensor "$T/m" "model.layers.1.$t"
+    expect_error "ds-missing-${t%.weight}" "model.safetensors.index.json: tensor 'model.layers.1.$t' is missing" \
+        "$ENG" inspect --model "$T/m"
+done
+copy_of "$DS2"; drop_tensor "$T/m" model.layers.2.self_attn.q_proj.weight
+expect_error ds-v2-missing-q_proj "/model.safetensors: tensor 'model.layers.2.self_attn.q_proj.weight' is missing" \
+    "$ENG" inspect --model "$T/m"
+copy_of "$KW"; drop_tensor "$T/m" language_model.model.layers.0.self_attn.kv_b_proj.weight
+expect_error kimi-wrap-missing-kv_b "tensor 'language_model.model.layers.0.self_attn.kv_b_proj.weight' is missing" \
+    "$ENG" inspect --model "$T/m"
+# latent sizes that disagree with the config: the tensor, its shape and the config's
+copy_of "$DS"; set_cfg "$T/m/config.json" kv_lora_rank=16
+expect_error ds-kv-lora-rank "model-00001-of-00004.safetensors: tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape \[40,96\] but config.json implies \[24,96\]" \
+    "$ENG" inspect --model "$T/m"
+copy_of "$DS2"; set_cfg "$T/m/config.json" q_lora_rank=48
+expect_error ds-v2-q-lora-rank "tensor 'model.layers.0.self_attn.q_a_proj.weight' is missing" "$ENG" inspect --model "$T/m"
+# router fields: the file and the field
+for kv in "n_group=3|field 'n_group' \(3\) must divide n_routed_experts \(16\)" \
+          "topk_group=5|field 'topk_group' \(5\) exceeds n_group \(4\)" \
+          "scoring_func=\"softplus\"|field 'scoring_func' 'softplus' is not supported \(supported: softmax, sigmoid\)" \
+          "topk_method=\"random\"|field 'topk_method' 'random' is not supported \(supported: greedy" \
+          "attention_bias=true|field 'attention_bias' true is not supported" \
+          "qk_rope_head_dim=7|field 'qk_rope_head_dim' \(7\) must be even"; do
+    copy_of "$DS"; set_cfg "$T/m/config.json" "${kv%%|*}"
+    expect_error "ds-cfg-${kv%%=*}" "/config.json: ${kv#*|}" "$ENG" inspect --model "$T/m"
+done
+# a wrapper: text_config must be an object; its fields are named under it
+copy_of "$KW"; set_cfg "$T/m/config.json" 'text_config="kimi_k2"'
+expect_error kimi-wrap-text-config "/config.json: field 'text_config' must be an object" "$ENG" inspect --model "$T/m"
+copy_of "$KW"; set_cfg "$T/m/config.json" 'text_config.topk_method="best"'
+expect_error kimi-wrap-field "/config.json: field 'text_config.topk_method' 'best' is not supported" \
+    "$ENG" inspect --model "$T/m"
+# a malformed tiktoken.model: the file, the line and what is wrong
+tiktoken_edit() { $PY - "$T/m/tiktoken.model" "$1" <<'PYEOF'
+import sys
+p, how = sys.argv[1], sys.argv[2]
+L = open(p).read().splitlines()
+tok = L[300].split()[0]
+if how == "b64": L[300] = "QQ=A 300"
+if how == "dup-rank": L[300] = tok + " 17"
+if how == "dup-token": L[300] = L[65].split()[0] + " 300"
+if how == "missing-rank": del L[300]
+open(p, "w").write("\n".join(L) + "\n")
+PYEOF
+}
+for c in 'b64|line 301: bad base64 "QQ=A"' 'dup-rank|line 301: rank 17 given twice' \
+         'dup-token|line 301: token "Yg==" given twice' 'missing-rank|line 1007: rank 1007, but ranks must be 0..1006 \(one per line\): some rank is missing'; do
+    copy_of "$KIMI"; tiktoken_edit "${c%%|*}"
+    expect_error "tiktoken-${c%%|*}" "/tiktoken.model: ${c#*|}" "$ENG" inspect --model "$T/m"
+done
+# tokenizer_config.json: read for its chat_template whatever the tokenizer's format
+copy_of "$DS"; echo '{"chat_template": ' >"$T/m/tokenizer_config.json"
+expect_error tokenizer-config-malformed "/tokenizer_config.json: malformed JSON" "$ENG" inspect --model "$T/m"
+copy_of "$DS"; set_cfg "$T/m/tokenizer_config.json" chat_template=7
+expect_error tokenizer-config-template "/tokenizer_config.json: field 'chat_template' must be a string" \
+    "$ENG" inspect --model "$T/m"
+
+# inspect: the family's lines, and bytes that add up: always-active (shared experts
+# and dense layers included) + routed + not used (a wrapper's vision tower) = total
+inspect_bytes() { # DIR -> "ok" or why not, from its inspect output in $T/inspect-NAME
+    $PY -c '
+import json, re, sys
+d = sys.argv[1]; out = sys.stdin.read()
+c = json.load(open(d + "/config.json")); c = c.get("text_config", c)
+m = re.search(r"bytes: total .*?\((\d+)\), always-active .*?\((\d+)\), routed experts .*?\((\d+)\)\n(?:not used: \d+ tensors?, .*?\((\d+)\))?", out)
+total, act, routed, unread = (int(x or 0) for x in m.groups())
+read = skipped = grouped = 0; names = []
+for ln in out.splitlines():
+    g = re.match(r"  (\S+)\s+\S+\s+\S+\s+(\d+)(  not used)?$", ln)
+    e = re.match(r"  (\S+\.experts\.\*)\s+(\d+) tensors", ln)
+    if g:
+        names.append((g.group(1), bool(g.group(3))))
+        if g.group(3): skipped += int(g.group(2))
+        else: read += int(g.group(2))
+    elif e: grouped += 1
+moe = [l for l in range(c["num_hidden_layers"]) if l >= c["first_k_dense_replace"]]
+want_routed = len(moe) * c["n_routed_experts"] * 3 * c["moe_intermediate_size"] * c["hidden_size"] * 2
+dense_mlp = [n for n, nr in names if re.search(r"layers\.0\.mlp\.(gate|up|down)_proj", n) and not nr]
+shared = [n for n, nr in names if "shared_experts" in n and not nr]
+why = []
+if total != act + routed + unread: why.append(f"{total} != {act} + {routed} + {unread}")
+if act != read: why.append(f"always-active {act} != listed read tensors {read}")
+if unread != skipped: why.append(f"not used {unread} != listed {skipped}")
+if routed != want_routed or grouped != len(moe): why.append(f"routed {routed} != {want_routed} ({grouped} groups)")
+if len(dense_mlp) != 3 or len(shared) != 3 * len(moe): why.append(f"dense {dense_mlp} shared {shared}")
+print("; ".join(why) or "ok")' "$1" <"$T/inspect-$(basename "$1")"
+}
+for m in "$DS" "$DS2" "$KW"; do
+    "$ENG" inspect --model "$m" >"$T/inspect-$(basename "$m")" 2>&1
+    r=$(inspect_bytes "$m"); [ "$r" = ok ] && ok "inspect-bytes-$(basename "$m")" || bad "inspect-bytes-$(basename "$m")" "$r"
+done
+inspect_has() { # NAME DIR PATTERN... (the inspect output kept above, or a fresh one)
+    local name=$1 dir=$2 p out=$T/inspect-$(basename "$2"); shift 2
+    if [ "$dir" = "$T/m" ] || [ ! -s "$out" ]; then
+        "$ENG" inspect --model "$dir" >"$T/out" 2>&1 || { bad "$name" "$(tail -1 "$T/out")"; return; }
+        out=$T/out
+    fi
+    for p in "$@"; do grep -qE -- "$p" "$out" || { bad "$name" "no /$p/ in: $(grep -vE '^  |^$' "$out" | tr '\n' '|')"; return; }; done
+    ok "$name"
+}
+inspect_has inspect-ds "$DS" "^attention +MLA, 4 heads, q-LoRA 48, kv_lora_rank 32, qk nope 16 \+ rope 8, v 16$" \
+    "^latent cache +40 values per token per layer" "^dense layers +1, MLPs always-active: 90.00 KiB$" \
+    "^experts +16 routed, top-4, 1 shared, moe_intermediate 32$" "^shared experts +1 per MoE layer, always-active: 36.00 KiB$" \
+    "^router +sigmoid, noaux_tc, 4 groups keep 2, norm_topk_prob yes, routed_scaling_factor 2.5, selection on score \+ e_score_correction_bias$" \
+    "^rope +theta 10000, interleaved, scaling yarn \(factor 4\)$" "^stop tokens +1$" "^chat template +DeepSeek-V3$"
+inspect_has inspect-ds-v2 "$DS2" "^attention +MLA, 4 heads, q_proj," "^shared experts +2 per MoE layer" \
+    "^router +softmax, greedy, norm_topk_prob no, routed_scaling_factor 1$" "^MoE layers +2 of 3 \(first dense 1"
+inspect_has inspect-kimi-wrap "$KW" "^architecture +kimi_k2$" "^text model +text_config, tensors under 'language_model\.'$" \
+    "^  vision_tower\.\S+ .* not used$" "^not used: [0-9]+ tensors" "^router +sigmoid, noaux_tc, .*routed_scaling_factor 2.827, " "^chat template +Kimi K2$"
+
+# chat: the family's template, its markers single control tokens, message content
+# plain text; `tokenize --chat` shows the very ids `run --chat` evaluates
+ids_of_text() { "$ENG" tokenize --model "$1" --text "$2" 2>&1; }
+chat_ids() { "$ENG" tokenize --model "$@" --chat 2>&1; }
+run_rows() { # DIR ARGS... -> prompt rows of a --chat run
+    "$ENG" run --model "$1" --chat --max-new 1 --temp 0 --events "$T/ev" "${@:2}" >/dev/null 2>"$T/err" \
+        && sed -n 's/^{"event":"prefill","rows":\([0-9]*\),.*/\1/p' "$T/ev"
+}
+# chat_check NAME DIR WANT_TEXT USER [SYSTEM]: the conversation's ids are those of WANT_TEXT
+# with its specials recognised (so they decode to it: tokenize-roundtrip); without a system
+# message, also that they are what run --chat evaluates
+chat_check() {
+    local name=$1 dir=$2 want=$3 ids all rows sys=(); [ $# -ge 5 ] && sys=(--system "$5")
+    ids=$(chat_ids "$dir" --text "$4" "${sys[@]}"); all=$(ids_of_text "$dir" "$want")
+    rows=$(echo "$ids" | wc -w); [ $# -ge 5 ] || rows=$(run_rows "$dir" --prompt "$4")
+    if [ -n "$ids" ] && [ "$ids" = "$all" ] && [ "$rows" = "$(echo "$ids" | wc -w)" ]; then ok "$name"
+    else bad "$name" "ids '$ids', want those of '$want': '$all'; run --chat rows '$rows' $(tail -1 "$T/err")"; fi
+}
+BOS='<｜begin▁of▁sentence｜>'; USR='<｜User｜>'; AST='<｜Assistant｜>'; EOS='<｜end▁of▁sentence｜>'
+chat_check chat-ds "$DSC" "${BOS}${USR}Hello${AST}" Hello
+chat_check chat-ds-system "$DSC" "${BOS}Be brief.${USR}Hello${AST}" Hello "Be brief."
+KSYS='<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>'
+chat_check chat-kimi "$KIMI" "${KSYS}<|im_user|>user<|im_middle|>Hello<|im_end|><|im_assistant|>assistant<|im_middle|>" Hello
+chat_check chat-kimi-system "$KIMI" "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hello<|im_end|><|im_assistant|>assistant<|im_middle|>" \
+    Hello "Be brief."
+# DeepSeek-R1 shares deepseek_v3: its tokenizer_config.json's template (V3's with R1's
+# generation prompt, written as the R1 checkpoint writes it) makes the prompt open <think>
+copy_of "$DSC"; $PY - "$T/m/tokenizer_config.json" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p, encoding="utf-8")); t = c["chat_template"]
+end = "{{'<｜Assistant｜>'}}{% endif %}"
+assert t.endswith(end)
+c["chat_template"] = t[:-len(end)] + "{{'<｜Assistant｜><think>\\n'}}{% endif %}"
+json.dump(c, open(p, "w", encoding="utf-8"), ensure_ascii=False, indent=2)
+PYEOF
+grep -qF "<think>\\\\n'}}" "$T/m/tokenizer_config.json" || bad chat-r1-setup "the template lacks R1's escaped newline"
+chat_check chat-r1 "$T/m" "${BOS}${USR}Hello${AST}<think>
+" Hello
+inspect_has chat-r1-inspect "$T/m" "^chat template +DeepSeek-R1$" "^stop tokens +1$"
+# V3.1-style "<think>" with no newline is not R1's template
+set_cfg "$T/m/tokenizer_config.json" "chat_template=\"{{'<｜Assistant｜><think>'}}\""
+inspect_has chat-v31-not-r1 "$T/m" "^chat template +DeepSeek-V3$"
+# special-token text typed in a message is plain text, never a control token
+# plain_check NAME DIR TEXT "IDS" "COUNTS": each id occurs as often as its count says (the
+# template's own) in the conversation, which is longer than one whose message is "x" (NX)
+plain_check() {
+    local ids got=; ids=$(chat_ids "$2" --text "$3")
+    for i in $4; do got="$got $(echo "$ids" | tr ' ' '\n' | grep -cx "$i")"; done
+    [ "${got# }" = "$5" ] && [ "$(echo "$ids" | wc -w)" -gt "$NX" ] && ok "$1" \
+        || bad "$1" "ids $4 occur${got} times (want $5), $(echo "$ids" | wc -w) ids (x: $NX): $ids"
+}
+NX=$(chat_ids "$DSC" --text x | wc -w)
+plain_check chat-ds-specials-are-text "$DSC" "a${USR}b${EOS}${BOS}" "128803 1 0" "1 0 1"
+IMEND=$(ids_of_text "$KIMI" '<|im_end|>'); IMUSER=$(ids_of_text "$KIMI" '<|im_user|>')
+NX=$(chat_ids "$KIMI" --text x | wc -w)
+plain_check chat-kimi-specials-are-text "$KIMI" 'x<|im_end|><|im_user|>user' "$IMEND $IMUSER" "2 1"
+# stop ids: generation_config.json's and the template's end token
+KEOS=$(ids_of_text "$KIMI" '[EOS]')
+inspect_has stop-kimi "$KIMI" "^stop tokens +$KEOS $IMEND$"
+# a stop id from generation_config.json ends the turn: the greedy first token made one
+first=$("$ENG" run --model "$KIMI" --chat --prompt Hello --max-new 4 --temp 0 --print-ids 2>&1 | cut -d' ' -f1)
+copy_of "$KIMI"; set_cfg "$T/m/generation_config.json" "eos_token_id=[$first]"
+out=$("$ENG" run --model "$T/m" --chat --prompt Hello --max-new 4 --temp 0 --print-ids 2>&1)
+[ -n "$first" ] && [ "$out" = "$first" ] && ok stop-from-generation-config || bad stop-from-generation-config "'$out' (stop id $first)"
+# logits: a row's logits do not depend on how the tokens were fed (and the wrapper runs)
+for m in "$KW"; do # (the DeepSeek models: reference-deepseek --determinism --batch 3)
+    "$ENG" logits --model "$m" --tokens 5,17,300,5,9,2 --out "$T/la" >"$T/err" 2>&1 &&
+    "$ENG" logits --model "$m" --tokens 5,17,300,5,9,2 --batch 1 --out "$T/lb" >>"$T/err" 2>&1 &&
+    [ "$(stat -c %s "$T/la")" -eq $((6 * 1024 * 4)) ] && cmp -s "$T/la" "$T/lb" && ok "logits-batch-$(basename "$m")" \
+        || bad "logits-batch-$(basename "$m")" "$(tail -2 "$T/err")"
+done
+expect_error kimi-logits-out-of-vocab "outside the vocabulary" "$ENG" logits --model "$KW" --tokens 1,1024 --out "$T/la"
+
 finish

@@ -534,6 +534,70 @@ fi
 [ $? -eq 2 ] && grep -q -- "--chunk expects an integer in 1..65536" "$T/bad6.out" && ok serve-chunk-range \
     || bad serve-chunk-range "$(cat "$T/bad6.out")"
 
+# ---- the DeepSeek-V3 family: a DeepSeek-V3 (tokenizer.json, the real vocabulary) and a
+# Kimi K2 (tiktoken.model) behind the server: the official client's chat and completions,
+# streamed and not; greedy chat equal to `deltafin run --chat`; special-token text in a
+# message is plain text (more prompt tokens than "x"), while a raw completions prompt
+# keeps it one control token
+FMODELS=${DF_TEST_MODELS:-build/test-models}
+PORT6=$((PORT + 4000))
+# fam_server NAME DIR X_TOKENS SPECIAL...: X_TOKENS the prompt tokens of a user "x" (empty:
+# unchecked); each SPECIAL the text of one control token. As text, a special is two or
+# more tokens: a message of k of them costs at least 2k tokens where "x" costs one.
+fam_server() {
+    local name=$1 dir=$2 nx=$3 s px pu ps sx pc fs rc=0 all; shift 3
+    [ -f "$dir/config.json" ] || { bad "$name" "$dir missing: run tests/make_test_models.sh"; return; }
+    MODEL=$dir start_server "$T/$name.log" "$PORT6" --ctx 1024 || { bad "$name-serve" "did not start"; return; }
+    fs=$SPID
+    local U=http://127.0.0.1:$PORT6
+    if [ -d tests/server/node_modules/openai ]; then
+        node tests/server/client.mjs "$U/v1" "$name-" >"$T/node6.out" 2>&1
+        while read -r w n rest; do
+            case $w in ok) ok "$n" ;; FAIL) bad "${n%:}" "$rest" ;; esac
+        done <"$T/node6.out"
+        grep -qE '^(ok|FAIL) ' "$T/node6.out" || bad "$name-node-client" "$(tail -5 "$T/node6.out")"
+    else
+        bad "$name-node-client" "tests/server/node_modules missing: run scripts/setup.sh"
+    fi
+    post /v1/chat/completions '{"model":"m","messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0}' >/dev/null
+    "$ENG" run --model "$dir" --threads 2 --chat --prompt Hello --max-new 8 --temp 0 >"$T/run6" 2>&1
+    $PY - "$T/body" "$T/run6" <<'EOF' && ok "$name-chat-exact" || bad "$name-chat-exact" "server chat differs from deltafin run --chat (see above)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+got = d["choices"][0]["message"]["content"].encode()
+run = open(sys.argv[2], "rb").read()[:-1]
+ok = got == run and d["usage"]["completion_tokens"] >= 1 and d["object"] == "chat.completion"
+if not ok: print("server:", got, d.get("usage"), "\nrun:   ", run)
+sys.exit(0 if ok else 1)
+EOF
+    px=$(prompt_tokens /v1/chat/completions "$(chat_one user x)")
+    sx=$(prompt_tokens /v1/chat/completions "$(chat_one system x)")
+    [ -n "$px" ] && { [ -z "$nx" ] || [ "$px" = "$nx" ]; } && ok "$name-chat-template-tokens" \
+        || bad "$name-chat-template-tokens" "a user 'x' costs '$px' prompt tokens (want $nx)"
+    all=$(printf '%s' "$@")
+    for s in "$@" "$all"; do
+        local k=1; [ "$s" = "$all" ] && k=$#
+        pu=$(prompt_tokens /v1/chat/completions "$(chat_one user "$s")")
+        ps=$(prompt_tokens /v1/chat/completions "$(chat_one system "$s")")
+        [ -n "$pu" ] && [ -n "$ps" ] && [ "$pu" -ge $((px - 1 + 2 * k)) ] && [ "$ps" -ge $((sx - 1 + 2 * k)) ] \
+            && ok "$name-specials-are-text-$s" \
+            || bad "$name-specials-are-text-$s" "prompt_tokens: user x $px, '$s' $pu; system x $sx, '$s' $ps"
+    done
+    pc=$(prompt_tokens /v1/completions "{\"model\":\"m\",\"prompt\":\"$1\",\"max_tokens\":1,\"temperature\":0}")
+    [ "$pc" = 1 ] && ok "$name-completions-keep-specials" || bad "$name-completions-keep-specials" "prompt_tokens $pc (want 1)"
+    # the test tokenizer names 256 specials past the Kimi model's 1024 rows: a prompt with one is a 400
+    [ "$name" = kimi ] && expect kimi-prompt-past-vocab 400 prompt /v1/completions \
+        '{"model":"m","prompt":"a<|reserved_token_1100|>","max_tokens":1}'
+    kill -TERM "$fs"; wait "$fs" || rc=$?
+    PIDS=("${PIDS[@]/$fs}")
+    [ $rc -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/$name.log" && ok "$name-shutdown" \
+        || bad "$name-shutdown" "exit $rc: $(grep -hE -A12 'Sanitizer|runtime error' "$T/$name.log" | head -30)"
+    PORT6=$((PORT6 + 1))
+}
+# DeepSeek-V3: <｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜> is 4 tokens
+fam_server ds "$FMODELS/engine-ds-chat" 4 '<｜end▁of▁sentence｜>' '<｜User｜>' '<｜Assistant｜>' '<｜begin▁of▁sentence｜>'
+fam_server kimi "$FMODELS/engine-kimi" "" '<|im_end|>' '<|im_assistant|>' '<|im_middle|>'
+
 # ---- metrics and clean shutdown (no leak or sanitizer report)
 curl -s "$U/metrics" >"$T/metrics"
 for k in 'deltafin_requests_total{endpoint="/v1/completions",status="200"}' 'deltafin_requests_total{endpoint="/v1/chat/completions",status="400"}' \

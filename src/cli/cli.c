@@ -103,7 +103,8 @@ const cli_opt CLI_OPTS[] = {
     {"--prompt", "TEXT", "prompt text (the tokenizer's special tokens are recognised)", cli_set_str, F(prompt), 0,
      0},
     {"--prompt-tokens", "IDS", "prompt as comma-separated token ids instead", cli_set_str, F(prompt_tokens), 0, 0},
-    {"--chat", NULL, "wrap the prompt as a user turn in the model's chat template", cli_set_true, F(chat), 0, 0},
+    {"--chat", NULL, "wrap the prompt (tokenize: --text) as a user turn in the model's\n"
+     "chat template", cli_set_true, F(chat), 0, 0},
     {"--system", "TEXT", "system message (with --chat)", cli_set_str, F(system), 0, 0},
     {"--no-think", NULL, "chat: turn the chat template's thinking switch off (for a\n"
      "template that has one)", cli_set_false, F(think), 0, 0},

@@ -295,11 +295,14 @@ int cli_inspect_main(int argc, char **argv) {
     return 0;
 }
 
-static const cli_section TOKENIZE_SECTIONS[] = {{NULL, "--model --text --decode"}, {0}};
+static const cli_section TOKENIZE_SECTIONS[] = {{NULL, "--model --text --decode --chat --system --no-think"},
+                                                 {0}};
 static const cli_cmd TOKENIZE_CMD = {
-    .usage = "usage: deltafin tokenize --model DIR (--text TEXT | --decode IDS)\n\n"
+    .usage = "usage: deltafin tokenize --model DIR (--text TEXT | --decode IDS) [--chat [--system TEXT]]\n\n"
              "--text prints the token ids of TEXT, space-separated; --decode prints the text\n"
-             "of comma-separated ids.\n",
+             "of comma-separated ids. With --chat, the ids are those of the conversation\n"
+             "`deltafin run --chat` and the server would evaluate: TEXT as a user turn in the\n"
+             "model's chat template, where special-token text is plain text.\n",
     .table = CLI_OPTS, .sections = {TOKENIZE_SECTIONS}};
 
 static void decode_ids(df_engine *e, const char *list) {
@@ -321,12 +324,19 @@ int cli_tokenize_main(int argc, char **argv) {
     int rc = cli_parse(&TOKENIZE_CMD, &a, argc, argv);
     if (rc) return rc == CLI_HELP ? 0 : rc;
     if (!a.text == !a.decode) cli_die("give exactly one of --text or --decode");
+    if (a.chat && !a.text) cli_die("--chat needs --text");
     df_engine *e = cli_open_engine(&a, NULL);
     df_error err;
     if (a.text) {
         int32_t *ids;
         size_t n;
-        if (df_tokenize(e, a.text, strlen(a.text), &ids, &n, &err)) cli_die_err(&err);
+        df_chat_msg msgs[2];
+        int nm = 0;
+        if (a.chat && a.system) msgs[nm++] = (df_chat_msg){"system", a.system};
+        msgs[nm++] = (df_chat_msg){"user", a.text};
+        if (a.chat ? df_chat_tokenize(e, msgs, nm, 1, a.think, &ids, &n, &err)
+                   : df_tokenize(e, a.text, strlen(a.text), &ids, &n, &err))
+            cli_die_err(&err);
         for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
         printf("\n");
         free(ids);

@@ -60,8 +60,8 @@ static void inspect_tensors(const df_model *m, FILE *f) {
         for (int d = 0; d < t->ndim; d++)
             o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", d ? "x" : "", (long long)t->shape[d]);
         if (!t->ndim) snprintf(shp, sizeof shp, "scalar");
-        fprintf(f, "  %-56s %-5s %-14s %12llu\n", t->name, df_dtype_name(t->dtype), shp,
-                (unsigned long long)t->nbytes);
+        fprintf(f, "  %-56s %-5s %-14s %12llu%s\n", t->name, df_dtype_name(t->dtype), shp,
+                (unsigned long long)t->nbytes, m->used[i] ? "" : "  not used");
     }
     if (per_layer_count) print_expert_group(c, f, cur_layer, per_layer_count, per_layer_bytes);
     free(xlayer);
@@ -77,7 +77,8 @@ void df_engine_inspect(const df_engine *e, FILE *f) {
     c->arch->inspect(m, f);
     fprintf(f, "stop tokens          ");
     for (int i = 0; i < e->n_stop; i++) fprintf(f, " %d", e->stop_ids[i]);
-    fprintf(f, "\nkernels               %s, %d threads\n", e->info.isa, e->info.n_threads);
+    fprintf(f, "\nchat template         %s\n", df_chat_template_name(e->chat));
+    fprintf(f, "kernels               %s, %d threads\n", e->info.isa, e->info.n_threads);
     fprintf(f, "\ntensors (%zu in %d file%s):\n", df_st_count(m->st), df_st_file_count(m->st),
             df_st_file_count(m->st) == 1 ? "" : "s");
     inspect_tensors(m, f);

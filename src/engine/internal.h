@@ -46,6 +46,9 @@ struct df_engine {
     df_model_info info;
     int32_t stop_ids[16];
     int n_stop;
+    /* the chat template: the family's, or the variant the checkpoint's
+     * tokenizer_config.json shows (df_chat_template_for) */
+    df_chat_template_fn chat;
     uint64_t tokens;
     double eval_s;
     int chunk;            /* rows per forward pass */

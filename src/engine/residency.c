@@ -45,8 +45,9 @@ void df_engine_prefault(const df_model *m, bool experts_too, const bool *done) {
     }
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
-        if (!t->nbytes || (!experts_too && is_expert_tensor(m, t)) || (done && done[t->file]) ||
-            df_model_ram_copy(m, t))
+        /* never read: an MTP layer, a vision tower */
+        if (!t->nbytes || !m->used[i] || (!experts_too && is_expert_tensor(m, t)) ||
+            (done && done[t->file]) || df_model_ram_copy(m, t))
             continue;
         df_prefault_read(t->data, t->nbytes);
     }

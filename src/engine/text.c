@@ -1,6 +1,7 @@
 /*
  * engine/text.c - tokens and text at the API: tokenizing, token bytes, stop
- * tokens, the chat template of the model's architecture, and the UTF-8 text
+ * tokens, the chat template (the architecture's, or the variant the
+ * checkpoint's tokenizer_config.json shows: engine.c), and the UTF-8 text
  * stream that holds back incomplete characters.
  */
 #include "engine/internal.h"
@@ -26,15 +27,14 @@ int df_is_stop_token(const df_engine *e, int32_t id) {
 
 int df_chat_render(const df_engine *e, const df_chat_msg *msgs, int n, int add_gen,
                    int enable_thinking, char **out, df_error *err) {
-    (void)e;
-    return e->model.cfg.arch->chat(msgs, n, add_gen, enable_thinking, out, NULL, NULL, err);
+    if (!e) return df_fail(err, DF_ERR_ARG, "df_chat_render: NULL engine");
+    return e->chat(msgs, n, add_gen, enable_thinking, out, NULL, NULL, err);
 }
 
 int df_chat_tokenize(const df_engine *e, const df_chat_msg *msgs, int n, int add_gen,
                      int enable_thinking, int32_t **ids, size_t *n_ids, df_error *err) {
     if (!e) return df_fail(err, DF_ERR_ARG, "df_chat_tokenize: NULL engine");
-    return df_chat_tokenize_with(e->tok, e->model.cfg.arch->chat, msgs, n, add_gen, enable_thinking, ids, n_ids,
-                                 err);
+    return df_chat_tokenize_with(e->tok, e->chat, msgs, n, add_gen, enable_thinking, ids, n_ids, err);
 }
 
 /* Length of the UTF-8 sequence a lead byte starts, 0 if it cannot start one. */

@@ -537,10 +537,42 @@ static int forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, d
 
 /* ---- inspect ---------------------------------------------------------------------------- */
 
-static void inspect(const df_model *m, FILE *f) {
+/* Bytes of the SwiGLU matrices of the MoE layers (the shared experts) or of
+ * the dense layers (their MLPs): always-active, both. */
+static uint64_t swiglu_bytes(const df_model *m, bool moe) {
+    const fam *f = m->fam;
+    uint64_t b = 0;
+    for (int li = 0; li < m->cfg.num_hidden_layers; li++) {
+        const layer *L = &f->layers[li];
+        if (L->is_moe == moe && L->gate.t) b += L->gate.t->nbytes + L->up.t->nbytes + L->down.t->nbytes;
+    }
+    return b;
+}
+
+static void inspect_experts(const df_model *m, FILE *f) {
     const df_config *c = &m->cfg;
     static const char *const SC[] = {"softmax", "sigmoid"}, *const TK[] = {"greedy", "group_limited_greedy",
                                                                             "noaux_tc"};
+    char b[32];
+    fprintf(f, "experts               %d routed, top-%d, %d shared, moe_intermediate %d\n", c->num_experts,
+            c->num_experts_per_tok, c->n_shared_experts, c->moe_intermediate_size);
+    df_fmt_bytes_iec(b, sizeof b, swiglu_bytes(m, true));
+    fprintf(f, "shared experts        %d per MoE layer, always-active: %s\n", c->n_shared_experts, b);
+    fprintf(f, "router                %s, %s", SC[c->scoring], TK[c->topk_method]);
+    if (c->topk_method != DF_TOPK_GREEDY && c->n_group > 1)
+        fprintf(f, ", %d groups keep %d", c->n_group, c->topk_group);
+    fprintf(f, ", norm_topk_prob %s, routed_scaling_factor %g", c->norm_topk_prob ? "yes" : "no",
+            c->routed_scaling_factor);
+    if (c->topk_method == DF_TOPK_NOAUX_TC) fprintf(f, ", selection on score + e_score_correction_bias");
+    int first = 0;
+    while (first < c->num_hidden_layers && !c->layer_is_moe[first]) first++;
+    fprintf(f, "\nMoE layers            %d of %d (first dense %d, moe_layer_freq %d)\n", df_config_moe_layers(c),
+            c->num_hidden_layers, first, c->decoder_sparse_step);
+}
+
+static void inspect(const df_model *m, FILE *f) {
+    const df_config *c = &m->cfg;
+    char b[32];
     if (c->tensor_prefix[0]) fprintf(f, "text model            text_config, tensors under '%s'\n", c->tensor_prefix);
     char q[32] = "q_proj";
     if (c->q_lora_rank) snprintf(q, sizeof q, "q-LoRA %d", c->q_lora_rank);
@@ -552,30 +584,23 @@ static void inspect(const df_model *m, FILE *f) {
     fprintf(f, "latent cache          %llu values per token per layer (%llu B as F32); expanded K/V: %llu (%.1fx)\n",
             (unsigned long long)cd, (unsigned long long)(4 * cd), (unsigned long long)ex, (double)ex / (double)cd);
     fprintf(f, "intermediate_size     %d (dense layers)\n", c->intermediate_size);
+    df_fmt_bytes_iec(b, sizeof b, swiglu_bytes(m, false));
+    fprintf(f, "dense layers          %d, MLPs always-active: %s\n", c->num_hidden_layers - df_config_moe_layers(c), b);
     fprintf(f, "max_position          %d\n", c->max_position_embeddings);
     static const char *const rope[] = {"default", "linear", "dynamic", "yarn"};
     fprintf(f, "rope                  theta %g, interleaved, scaling %s", c->rope_theta, rope[c->rope_type]);
     if (c->rope_type != DF_ROPE_DEFAULT) fprintf(f, " (factor %g)", c->rope_factor);
     fprintf(f, "\nsoftmax scale         %.6f\n", (double)softmax_scale(c));
     fprintf(f, "rms_norm_eps          %g (latent norms 1e-6)\n", c->rms_norm_eps);
-    if (c->num_experts == 0) return;
-    fprintf(f, "experts               %d routed, top-%d, %d shared, moe_intermediate %d\n", c->num_experts,
-            c->num_experts_per_tok, c->n_shared_experts, c->moe_intermediate_size);
-    fprintf(f, "router                %s, %s", SC[c->scoring], TK[c->topk_method]);
-    if (c->topk_method != DF_TOPK_GREEDY && c->n_group > 1)
-        fprintf(f, ", %d groups keep %d", c->n_group, c->topk_group);
-    fprintf(f, ", norm_topk_prob %s, routed_scaling_factor %g\n", c->norm_topk_prob ? "yes" : "no",
-            c->routed_scaling_factor);
-    int first = 0;
-    while (first < c->num_hidden_layers && !c->layer_is_moe[first]) first++;
-    fprintf(f, "MoE layers            %d of %d (first dense %d, moe_layer_freq %d)\n", df_config_moe_layers(c),
-            c->num_hidden_layers, first, c->decoder_sparse_step);
+    if (c->num_experts > 0) inspect_experts(m, f);
 }
 
 /* ---- the table entries ------------------------------------------------------------------------ */
 
 static const char *const DS_STOP[] = {"<｜end▁of▁sentence｜>", NULL};
-static const char *const KIMI_STOP[] = {"<|im_end|>", "[EOS]", NULL};
+/* Kimi K2 ends a turn with <|im_end|>; [EOS] and [EOT] end the text (the
+ * stop ids of ARCHITECTURES.md 3.3: 163586, 163585, 163593). */
+static const char *const KIMI_STOP[] = {"<|im_end|>", "[EOS]", "[EOT]", NULL};
 
 #define FAMILY(type, stop, tmpl)                                                                              \
     {.model_type = type, .parse_config = parse_config, .expert_layout = &EXPERTS,                           \

@@ -28,7 +28,7 @@ int df_expert_inventory_build(df_expert_inventory *inv, const df_config *c, cons
                 if (!t) {
                     df_expert_inventory_free(inv);
                     return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
-                                   df_st_file_path(st, 0), name);
+                                   df_st_where(st), name);
                 }
                 inv->xt[((size_t)li * (size_t)inv->n_experts + (size_t)e) * (size_t)xl->n_parts + (size_t)p] = t;
                 inv->bytes += t->nbytes;

@@ -33,7 +33,7 @@ static int find(df_model *m, const char *name, const df_tensor **out, df_error *
     const df_tensor *t = df_st_find(m->st, name);
     if (!t)
         return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
-                       df_st_file_path(m->st, 0), name);
+                       df_st_where(m->st), name);
     if (computable(m, t, err)) return DF_ERR_UNSUPPORTED;
     m->used[df_st_index(m->st, t)] = true;
     *out = t;

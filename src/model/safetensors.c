@@ -284,6 +284,7 @@ struct df_st {
     size_t n;
     size_t *slot; /* open addressing; tensor index + 1, 0 = empty */
     size_t mask;
+    char *where;  /* the file that lists the tensors (df_st_where) */
 };
 
 size_t df_st_count(const df_st *st) { return st ? st->n : 0; }
@@ -295,6 +296,7 @@ const char *df_st_file_path(const df_st *st, int file) {
     return st && file >= 0 && file < st->n_files ? st->files[file].path : NULL;
 }
 int df_st_file_count(const df_st *st) { return st ? st->n_files : 0; }
+const char *df_st_where(const df_st *st) { return st ? st->where : NULL; }
 int df_st_file_fd(const df_st *st, int file) {
     return st && file >= 0 && file < st->n_files ? st->files[file].fd : -1;
 }
@@ -340,6 +342,7 @@ void df_st_close(df_st *st) {
     free(st->files);
     df_st_free_tensors(st->t, st->n);
     free(st->slot);
+    free(st->where);
     free(st);
 }
 
@@ -483,9 +486,11 @@ int df_st_open_dir(df_st **out, const char *dir, df_error *err) {
     char *index_path = df_path_join(dir, "model.safetensors.index.json");
     int rc;
     if (access(index_path, F_OK) == 0) {
+        st->where = df_xstrdup(index_path);
         rc = open_sharded(st, dir, index_path, err);
     } else {
         char *path = df_path_join(dir, "model.safetensors");
+        st->where = df_xstrdup(path);
         rc = open_one(st, path, NULL, NULL, err);
         if (rc == DF_ERR_IO && access(path, F_OK) != 0)
             rc = df_fail(err, DF_ERR_IO, "%s: not found (nor model.safetensors.index.json "

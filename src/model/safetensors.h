@@ -47,6 +47,9 @@ const df_tensor *df_st_find(const df_st *st, const char *name);
 size_t df_st_index(const df_st *st, const df_tensor *t);
 const char *df_st_file_path(const df_st *st, int file);
 int df_st_file_count(const df_st *st);
+/* The file that lists the checkpoint's tensors, for errors about a tensor that
+ * is not there: model.safetensors.index.json when sharded, else model.safetensors. */
+const char *df_st_where(const df_st *st);
 /* The open read-only descriptor of file `file` (kept open for the life of the
  * df_st, for pread by the expert streamer); -1 if out of range. */
 int df_st_file_fd(const df_st *st, int file);

@@ -191,6 +191,15 @@ static int32_t *prompt_ids(job *j, size_t *n_out) {
             job_fail(j, 400, "prompt", "%s", err.msg);
             return NULL;
         }
+        /* a tokenizer may name more ids than the model has rows for (a special
+         * token past the embedding): the client's input, not the server's fault */
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] >= g_srv.info->vocab_size) {
+                job_fail(j, 400, "prompt", "the prompt's token %zu is id %d, outside the model's vocabulary (%d tokens)",
+                         i, ids[i], g_srv.info->vocab_size);
+                free(ids);
+                return NULL;
+            }
     } else {
         for (size_t i = 0; i < r->n_prompt_ids; i++)
             if (r->prompt_ids[i] >= g_srv.info->vocab_size) {

@@ -349,6 +349,36 @@ int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_pr
     return render_other(T_KIMI, msgs, n, add_generation_prompt, out, content, n_content, err);
 }
 
+/* ------------------------------------------------------------------------ */
+/* which template a checkpoint uses                                         */
+
+/* DeepSeek-R1 shares DeepSeek-V3's model_type; what tells them apart is R1's
+ * Jinja, whose generation prompt opens the think block:
+ * {{'<｜Assistant｜><think>\n'}}, the \n a Jinja string escape (\\n in the
+ * JSON file); a raw newline there counts too. V3's template has no <think>;
+ * V3.1's opens "<think>" with no newline and is not R1's (it keeps V3's here). */
+static bool opens_think(const char *jinja) {
+    static const char open[] = DS_ASSISTANT "<think>";
+    for (const char *p = jinja; (p = strstr(p, open)) != NULL;) {
+        p += sizeof open - 1;
+        if (p[0] == '\n' || (p[0] == '\\' && p[1] == 'n')) return true;
+    }
+    return false;
+}
+
+df_chat_template_fn df_chat_template_for(df_chat_template_fn family, const char *jinja) {
+    if (family == df_chat_render_deepseek_v3 && jinja && opens_think(jinja)) return df_chat_render_deepseek_r1;
+    return family;
+}
+
+const char *df_chat_template_name(df_chat_template_fn t) {
+    return t == df_chat_render_chatml_spans ? "ChatML (Qwen3)"
+           : t == df_chat_render_deepseek_v3 ? "DeepSeek-V3"
+           : t == df_chat_render_deepseek_r1 ? "DeepSeek-R1"
+           : t == df_chat_render_kimi_k2     ? "Kimi K2"
+                                             : "?";
+}
+
 /* DeepSeek's role markers are non-special added tokens, so these templates keep
  * every added token out of message content, not only the special ones. */
 static unsigned template_flags(df_chat_template_fn tmpl) {

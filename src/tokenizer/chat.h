@@ -36,6 +36,13 @@ int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_pr
                            int enable_thinking, char **out, df_text_span **content,
                            size_t *n_content, df_error *err);
 #define DF_CHAT_KIMI_DEFAULT_SYSTEM "You are Kimi, an AI assistant created by Moonshot AI."
+/* The template a checkpoint uses: its family's (model/arch.h), or the variant
+ * that the checkpoint's own Jinja (tokenizer_config.json's chat_template, NULL
+ * if none) shows it to be: DeepSeek-R1's for DeepSeek-V3's when the generation
+ * prompt opens <think>\n. */
+df_chat_template_fn df_chat_template_for(df_chat_template_fn family, const char *jinja);
+/* "DeepSeek-R1" and the like, for `deltafin inspect`. */
+const char *df_chat_template_name(df_chat_template_fn t);
 /* The conversation rendered by tmpl, as token ids (*ids malloc'ed): special tokens come
  * from the template only; in message content their text is ordinary text
  * (df_tokenizer_encode_spans). */

@@ -383,17 +383,51 @@ static bool exists(const char *p) {
     return f != NULL;
 }
 
+/* tokenizer_config.json's chat_template into *out (NULL if none): a string, or
+ * a list of {"name", "template"} whose "default" entry is the chat template. */
+static int read_chat_template(char **out, const char *path, df_error *err) {
+    *out = NULL;
+    char *text;
+    size_t n;
+    int rc = df_read_file(path, &text, &n, err);
+    if (rc) return rc;
+    json_error_t je;
+    json_t *root = json_loadb(text, n, JSON_DECODE_INT_AS_REAL, &je);
+    free(text);
+    if (!root)
+        return df_fail(err, DF_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", path, je.line,
+                       je.column, je.text);
+    json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
+    for (size_t i = 0; json_is_array(ct) && i < json_array_size(ct); i++) {
+        json_t *e = json_array_get(ct, i), *name = json_object_get(e, "name");
+        if (json_is_string(name) && strcmp(json_string_value(name), "default") == 0) {
+            ct = json_object_get(e, "template");
+            break;
+        }
+    }
+    if (json_is_string(ct)) *out = df_xstrdup(json_string_value(ct));
+    else if (ct && !json_is_null(ct) && !json_is_array(ct))
+        rc = df_fail(err, DF_ERR_FORMAT,
+                     "%s: field 'chat_template' must be a string or a list of {\"name\", \"template\"}", path);
+    json_decref(root);
+    return rc;
+}
+
 int df_tokenizer_load_dir(df_tokenizer **out, const char *dir, df_error *err) {
     if (!out || !dir) return df_fail(err, DF_ERR_ARG, "df_tokenizer_load_dir: NULL argument");
     char *tj = df_path_join(dir, "tokenizer.json");
     char *tm = df_path_join(dir, "tiktoken.model");
     char *tc = df_path_join(dir, "tokenizer_config.json");
-    int rc;
+    char *tmpl = NULL;
+    /* the small file first: its errors come before a large tokenizer's load */
+    int rc = exists(tc) ? read_chat_template(&tmpl, tc, err) : DF_OK;
     /* without either file, the error names tokenizer.json, the usual one */
-    if (!exists(tj) && exists(tm))
+    if (rc == DF_OK && !exists(tj) && exists(tm))
         rc = df_tokenizer_load_tiktoken(out, tm, exists(tc) ? tc : NULL, NULL, err);
-    else
+    else if (rc == DF_OK)
         rc = df_tokenizer_load(out, tj, err);
+    if (rc == DF_OK) (*out)->chat_template = tmpl;
+    else free(tmpl);
     free(tj);
     free(tm);
     free(tc);

@@ -75,6 +75,8 @@ struct df_tokenizer {
     /* tiktoken.model: text is cut like tiktoken's Python wrappers do before the
      * specials and the regex see it (df_tok_tiktoken_cut) */
     bool tiktoken;
+    /* tokenizer_config.json's chat_template (Jinja), or NULL (df_tokenizer_load_dir) */
+    char *chat_template;
 };
 
 enum { BEH_ISOLATED, BEH_REMOVED };

@@ -948,10 +948,13 @@ void df_tokenizer_free(df_tokenizer *t) {
     free(t->added);
     free(t->tr_raw.nodes);
     free(t->tr_norm.nodes);
+    free(t->chat_template);
     free(t);
 }
 
 int df_tokenizer_vocab_size(const df_tokenizer *t) { return t ? t->n_ids : 0; }
+
+const char *df_tokenizer_chat_template(const df_tokenizer *t) { return t ? t->chat_template : NULL; }
 
 int df_tokenizer_token_bytes(const df_tokenizer *t, int32_t id, const char **bytes,
                              size_t *len) {

@@ -47,8 +47,13 @@ int df_tokenizer_encode_plain(const df_tokenizer *t, const char *text, size_t le
                               const df_text_span *plain, size_t n_plain, unsigned flags,
                               int32_t **ids, size_t *n, df_error *err);
 /* A checkpoint directory's tokenizer: tokenizer.json, or else tiktoken.model
- * (with the specials of tokenizer_config.json and the Kimi pre-tokenizer). */
+ * (with the specials of tokenizer_config.json and the Kimi pre-tokenizer); and
+ * tokenizer_config.json's chat_template, when there is one. */
 int df_tokenizer_load_dir(df_tokenizer **out, const char *dir, df_error *err);
+/* The chat_template (Jinja text) of the directory's tokenizer_config.json, or
+ * NULL: deltafin renders its own templates (chat.h); this only tells variants
+ * of a family's template apart (df_chat_template_for). */
+const char *df_tokenizer_chat_template(const df_tokenizer *t);
 /* A tiktoken.model file ("base64(bytes) rank" per line, ranks 0..N-1): BPE that
  * merges the adjacent pair whose concatenation has the lowest rank, leftmost on
  * ties. config (NULL: none) is a tokenizer_config.json whose added_tokens_decoder

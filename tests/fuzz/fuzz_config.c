@@ -1,6 +1,6 @@
 /*
  * fuzz_config.c - libFuzzer target for config.json and generation_config.json
- * parsing. The input is parsed as config.json; if it parses, the result must
+ * parsing (Qwen3, the DeepSeek-V3 family, text_config wrappers). The input is parsed as config.json; if it parses, the result must
  * satisfy the invariants the engine relies on, and the same text is then
  * applied as a generation_config.json. It is also applied as a generation
  * config to a fixed valid config.
@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/generation.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,13 @@ static const char *const DICT[] = {
     "\"use_sliding_window\"", "\"layer_types\"", "\"full_attention\"", "\"hidden_act\"",
     "\"silu\"", "\"bos_token_id\"", "\"eos_token_id\"", "\"temperature\"", "\"top_p\"",
     "\"top_k\"", "[0,1,2,3,4,5,6,7,8]", "[151645,151643]",
+    /* the DeepSeek-V3 family and a Kimi K2.5-style wrapper */
+    "\"deepseek_v2\"", "\"deepseek_v3\"", "\"kimi_k2\"", "\"kimi_k25\"", "\"text_config\"",
+    "\"q_lora_rank\"", "\"kv_lora_rank\"", "\"qk_nope_head_dim\"", "\"qk_rope_head_dim\"",
+    "\"v_head_dim\"", "\"n_routed_experts\"", "\"n_shared_experts\"", "\"first_k_dense_replace\"",
+    "\"moe_layer_freq\"", "\"routed_scaling_factor\"", "\"scoring_func\"", "\"sigmoid\"", "\"softmax\"",
+    "\"topk_method\"", "\"greedy\"", "\"group_limited_greedy\"", "\"noaux_tc\"", "\"n_group\"",
+    "\"topk_group\"", "\"num_nextn_predict_layers\"", "null",
 };
 
 const char *const *df_fuzz_dict(size_t *n) {
@@ -48,11 +56,28 @@ static const char BASE[] = "{\"model_type\":\"qwen3\",\"vocab_size\":1000,\"hidd
                            "\"intermediate_size\":128,\"num_hidden_layers\":4,"
                            "\"num_attention_heads\":4,\"eos_token_id\":2}";
 
+/* MLA (the DeepSeek-V3 family): heads share one latent; rotary pairs are in the
+ * rope part only; the router's groups are consistent. */
+static void check_mla(const df_config *c) {
+    if (c->num_key_value_heads != c->num_attention_heads || c->qk_nope_head_dim <= 0 ||
+        c->qk_rope_head_dim <= 0 || c->qk_rope_head_dim % 2 != 0 || c->v_head_dim <= 0 ||
+        c->head_dim != c->qk_nope_head_dim + c->qk_rope_head_dim || c->q_lora_rank < 0 ||
+        c->n_shared_experts < 0 || !(c->routed_scaling_factor > 0) || !isfinite(c->routed_scaling_factor))
+        abort();
+    if (c->num_experts > 0 &&
+        (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts || c->moe_intermediate_size <= 0 ||
+         c->n_group < 1 || c->num_experts % c->n_group != 0 || c->topk_group < 1 || c->topk_group > c->n_group ||
+         (int)c->scoring < 0 || (int)c->scoring > 1 || (int)c->topk_method < 0 || (int)c->topk_method > 2))
+        abort();
+}
+
 static void check(const df_config *c) {
+    bool mla = c->kv_lora_rank > 0;
+    if (mla) check_mla(c);
     if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->num_hidden_layers <= 0 ||
         c->num_hidden_layers > DF_MAX_LAYERS || c->num_attention_heads <= 0 ||
         c->num_key_value_heads <= 0 || c->num_attention_heads % c->num_key_value_heads != 0 ||
-        c->head_dim <= 0 || c->head_dim % 2 != 0 || c->max_position_embeddings <= 0 ||
+        c->head_dim <= 0 || (!mla && c->head_dim % 2 != 0) || c->max_position_embeddings <= 0 ||
         !(c->rms_norm_eps > 0) || !(c->rope_theta > 0) || !(c->rope_factor > 0) ||
         c->n_eos_token_ids < 0 || c->n_eos_token_ids > 8 || c->bos_token_id >= c->vocab_size ||
         c->decoder_sparse_step < 1 || memchr(c->model_type, 0, sizeof c->model_type) == NULL ||
@@ -97,8 +122,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rc2 == DF_OK) check_gen(&c, &g);
         int dense = 0;
         for (int i = 0; i < c.num_hidden_layers; i++) dense += !c.layer_is_moe[i];
-        snprintf(line1, sizeof line1, "ok arch %c rope %c dense %c eos %c gen %c",
-                 'a' + (strcmp(c.model_type, "qwen3_moe") == 0), 'a' + (int)c.rope_type,
+        snprintf(line1, sizeof line1, "ok arch %.16s%s rope %c dense %c eos %c gen %c", c.model_type,
+                 c.tensor_prefix[0] ? " wrapped" : "", 'a' + (int)c.rope_type,
                  dense == 0 ? 'n' : dense == c.num_hidden_layers ? 'a' : 's',
                  'a' + c.n_eos_token_ids, 'a' + rc2);
     } else {

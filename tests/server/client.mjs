@@ -1,14 +1,16 @@
-// client.mjs BASE_URL - drives `deltafin serve` with the official openai npm
-// client: chat and completions, streaming and not, and an error the server must
-// refuse. Prints "ok NAME" or "FAIL NAME: why" per check (test_server.sh counts
-// them). Temperature 0 throughout, so streamed and whole answers must agree.
+// client.mjs BASE_URL [PREFIX] - drives `deltafin serve` with the official openai
+// npm client: chat and completions, streaming and not, and an error the server
+// must refuse. Prints "ok PREFIXNAME" or "FAIL PREFIXNAME: why" per check
+// (test_server.sh counts them; it runs this against several models). Temperature
+// 0 throughout, so streamed and whole answers must agree.
 import OpenAI from "openai";
 
 const base = process.argv[2];
 const client = new OpenAI({ baseURL: base, apiKey: process.env.DF_API_KEY || "none", maxRetries: 0 });
 let failed = 0;
-const ok = (n) => console.log(`ok ${n}`);
-const bad = (n, why) => { failed++; console.log(`FAIL ${n}: ${why}`); };
+const pre = process.argv[3] || "";
+const ok = (n) => console.log(`ok ${pre}${n}`);
+const bad = (n, why) => { failed++; console.log(`FAIL ${pre}${n}: ${why}`); };
 const check = (n, cond, why) => (cond ? ok(n) : bad(n, why));
 
 const messages = [{ role: "system", content: "Be brief." }, { role: "user", content: "Name three colours." }];
