@@ -5,7 +5,7 @@
  * CPU can run gives y bit-identical to the portable C path; a batch of T rows
  * equals T single-row calls; 1, 2 and 3 threads agree; y is close to a double
  * reference; special values (signed zeros, F16 subnormals, inf, NaN) agree
- * across paths. Also df_dot_f32, df_axpy_f32, df_axpy_rows, df_to_f32, the ISA API, and the
+ * across paths. Also df_dot_f32, df_axpy_f32, df_axpy_rows, df_softmax_f32, df_to_f32, the ISA API, and the
  * pool's range splitting, wake-up after sleep, nesting and concurrent callers.
  */
 #include "testutil.h"
@@ -437,6 +437,64 @@ static void test_axpy_rows(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* df_softmax_f32: every path gives the C path's bits (lengths that hit every
+ * tail; scores spread over the exponential's whole range, down to underflow;
+ * NaN, -inf, +inf and signed zeros), each result is within a few ulp of a
+ * double softmax, and the weights sum to 1. */
+static void test_softmax(void **state) {
+    (void)state;
+    static float in[700], ref[700], y[700];
+    for (int n = 1; n <= 700; n += (n < 40 ? 1 : 37)) {
+        for (int kind = 0; kind < 4; kind++) {
+            for (int i = 0; i < n; i++) {
+                float spread = kind == 0 ? 2.0f : kind == 1 ? 60.0f : kind == 2 ? 400.0f : 0.0f;
+                in[i] = rndf() * spread;
+            }
+            if (kind == 3 && n > 5) in[1] = -0.0f, in[2] = -INFINITY, in[4] = 0.0f;
+            float scale = kind == 2 ? 0.25f : 1.0f;
+            assert_int_equal(df_isa_set(DF_ISA_C), 0);
+            memcpy(ref, in, sizeof in);
+            df_softmax_f32(ref, n, scale);
+            double mx = -INFINITY, sum = 0, got = 0;
+            for (int i = 0; i < n; i++) mx = fmax(mx, (double)(in[i] * scale));
+            for (int i = 0; i < n; i++) sum += exp((double)(in[i] * scale) - mx);
+            for (int i = 0; i < n; i++) {
+                double arg = (double)(in[i] * scale) - mx, want = exp(arg) / sum;
+                got += ref[i];
+                /* a few ulp, plus the rounding of the float argument x - max
+                 * (half an ulp of |x - max|, which exp turns into a relative error) */
+                if (fabs(ref[i] - want) > (4e-7 - arg * 6e-8) * want + 1e-37)
+                    fail_msg("softmax n=%d kind %d [%d]: %a vs %a", n, kind, i, ref[i], want);
+            }
+            assert_true(fabs(got - 1.0) < 1e-5);
+            for (int isa = 0; isa < n_isas(); isa++) {
+                assert_int_equal(df_isa_set((df_isa)isa), 0);
+                memcpy(y, in, sizeof in);
+                df_softmax_f32(y, n, scale);
+                long d = first_diff(y, ref, 700, 0);
+                if (d >= 0)
+                    fail_msg("%s softmax n=%d kind %d: [%ld] %a vs C %a", df_isa_name((df_isa)isa), n, kind, d, y[d],
+                             ref[d]);
+            }
+        }
+    }
+    /* NaN and +inf: NaN rows agree across paths (any NaN), finite ones are 0 */
+    for (int n = 1; n <= 40; n++) {
+        for (int i = 0; i < n; i++) in[i] = rndf();
+        in[n / 2] = n % 2 ? NAN : INFINITY;
+        assert_int_equal(df_isa_set(DF_ISA_C), 0);
+        memcpy(ref, in, sizeof in);
+        df_softmax_f32(ref, n, 1.0f);
+        for (int isa = 0; isa < n_isas(); isa++) {
+            assert_int_equal(df_isa_set((df_isa)isa), 0);
+            memcpy(y, in, sizeof in);
+            df_softmax_f32(y, n, 1.0f);
+            assert_int_equal(first_diff(y, ref, (size_t)n, 1), -1);
+        }
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
 /* Every F16 and BF16 bit pattern, at lengths and offsets that hit the tails. */
 static void test_to_f32(void **state) {
     (void)state;
@@ -652,6 +710,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_inf_nan),
         cmocka_unit_test(test_dot_axpy),
         cmocka_unit_test(test_axpy_rows),
+        cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_to_f32),
         cmocka_unit_test(test_pool_ranges),
         cmocka_unit_test(test_pool_stress_and_sleep),

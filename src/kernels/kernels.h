@@ -129,6 +129,12 @@ void df_axpy_f32(float *y, float a, const float *x, int n);
 void df_axpy_rows(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
                   const int *n, int c0, int c1);
 
+/* x = softmax(scale * x) in place over n elements, the same bits on every path:
+ * max, e = exp(x - max) by softmax.h's polynomial (about 1 ulp; below -87 it
+ * is +0), the sum in the 16 lanes and tree of the products above, then
+ * e * (1 / sum). NaNs are skipped by the max and come out as NaN. */
+void df_softmax_f32(float *x, int n, float scale);
+
 /* Widens n elements of a dtype to F32. */
 void df_to_f32(float *dst, const void *src, df_dtype t, size_t n);
 

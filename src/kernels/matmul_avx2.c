@@ -14,6 +14,9 @@
  * measured a little faster than 2x3 and 2x2 on Zen 5).
  */
 #include "kernels/kernels.h"
+#include "kernels/softmax.h"
+
+#include <math.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,6 +28,7 @@ void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
 void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
                        const int *n, int c0, int c1);
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
+void df_softmax_f32_avx2(float *x, int n, float scale);
 void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
 
 #define INL static inline __attribute__((always_inline))
@@ -290,6 +294,64 @@ void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x
     case DF_DT_F16: axpy_rows(y, ldy, a, lda, x, DF_DT_F16, ldx, R, n, c0, c1); break;
     default: axpy_rows(y, ldy, a, lda, x, DF_DT_BF16, ldx, R, n, c0, c1); break;
     }
+}
+
+/* ---- df_softmax_f32: softmax.c's C path, 8 elements at a time -------------- */
+
+INL __m256 exp8(__m256 x) {
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(DF_EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DF_EXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DF_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(DF_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    /* out-of-range lanes give garbage here and are replaced below */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(DF_EXP_LO), _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(DF_EXP_HI), _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+void df_softmax_f32_avx2(float *x, int n, float scale) {
+    __m256 sc = _mm256_set1_ps(scale), mv = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    /* max_ps(v, acc) returns acc where v is NaN: NaNs are skipped, as in C */
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), sc);
+        _mm256_storeu_ps(x + j, v);
+        mv = _mm256_max_ps(v, mv);
+    }
+    _Alignas(32) float b[16];
+    _mm256_store_ps(b, mv);
+    float mx = -INFINITY;
+    for (int i = 0; i < 8; i++)
+        if (b[i] > mx) mx = b[i];
+    for (; j < n; j++)
+        if ((x[j] *= scale) > mx) mx = x[j];
+    __m256 m = _mm256_set1_ps(mx), lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), m));
+        _mm256_storeu_ps(x + j, e0), _mm256_storeu_ps(x + j + 8, e1);
+        lo = _mm256_add_ps(lo, e0), hi = _mm256_add_ps(hi, e1);
+    }
+    if (j < n) {
+        /* the tail padded with -inf, whose exp is +0: the lanes do not change */
+        for (int i = 0; i < 16; i++) b[i] = j + i < n ? x[j + i] : -INFINITY;
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_load_ps(b), m)), e1 = exp8(_mm256_sub_ps(_mm256_load_ps(b + 8), m));
+        lo = _mm256_add_ps(lo, e0), hi = _mm256_add_ps(hi, e1);
+        _mm256_store_ps(b, e0), _mm256_store_ps(b + 8, e1);
+        for (int i = 0; j + i < n; i++) x[j + i] = b[i];
+    }
+    float inv = 1.0f / hsum2x8(lo, hi);
+    __m256 iv = _mm256_set1_ps(inv);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), iv));
+    for (; j < n; j++) x[j] *= inv;
 }
 
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n) {

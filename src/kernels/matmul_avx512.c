@@ -25,6 +25,9 @@
  * only change speed, never results: every output has its own accumulator.
  */
 #include "kernels/kernels.h"
+#include "kernels/softmax.h"
+
+#include <math.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -36,6 +39,7 @@ void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
 void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
                          int R, const int *n, int c0, int c1);
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
+void df_softmax_f32_avx512(float *x, int n, float scale);
 void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
 
 #define INL static inline __attribute__((always_inline))
@@ -289,6 +293,60 @@ void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void 
     case DF_DT_F16: axpy_rows(y, ldy, a, lda, x, DF_DT_F16, ldx, R, n, c0, c1); break;
     default: axpy_rows(y, ldy, a, lda, x, DF_DT_BF16, ldx, R, n, c0, c1); break;
     }
+}
+
+/* ---- df_softmax_f32: softmax.c's C path, 16 elements at a time ------------- */
+
+INL __m512 exp16(__m512 x) {
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(DF_EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-DF_EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-DF_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(DF_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    /* out-of-range lanes give garbage here and are replaced below */
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(DF_EXP_LO), _CMP_LT_OQ), _mm512_setzero_ps());
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(DF_EXP_HI), _CMP_GT_OQ),
+                           _mm512_set1_ps(INFINITY));
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+void df_softmax_f32_avx512(float *x, int n, float scale) {
+    __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    /* max_ps(v, acc) returns acc where v is NaN: NaNs are skipped, as in C */
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), sc);
+        _mm512_storeu_ps(x + j, v);
+        mx = _mm512_max_ps(v, mx);
+    }
+    __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
+    if (j < n) {
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), sc);
+        _mm512_mask_storeu_ps(x + j, m, v);
+        mx = _mm512_mask_max_ps(mx, m, v, mx);
+    }
+    __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), lanes = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
+        _mm512_storeu_ps(x + j, e);
+        lanes = _mm512_add_ps(lanes, e);
+    }
+    if (j < n) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), mv));
+        _mm512_mask_storeu_ps(x + j, m, e);
+        lanes = _mm512_mask_add_ps(lanes, m, lanes, e);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / hsum16(lanes));
+    for (j = 0; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
+    if (j < n) _mm512_mask_storeu_ps(x + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), inv));
 }
 
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n) {

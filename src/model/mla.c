@@ -99,17 +99,8 @@ static void absorb_heads(void *vctx, int h0, int h1) {
 /* Row-heads [i0, i1) of the group: scale, causal mask, softmax in place. */
 static void softmax_items(void *vctx, int i0, int i1) {
     const mla_ctx *c = vctx;
-    for (int i = i0; i < i1; i++) {
-        int t = c->g0 + i / c->a->nh, n = c->pos[t] + 1;
-        float *sc = c->w->score + (size_t)i * c->L, mx = -INFINITY, sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-            sc[j] *= c->a->scale;
-            if (sc[j] > mx) mx = sc[j];
-        }
-        for (int j = 0; j < n; j++) sum += sc[j] = expf(sc[j] - mx);
-        float inv = 1.0f / sum;
-        for (int j = 0; j < n; j++) sc[j] *= inv;
-    }
+    for (int i = i0; i < i1; i++)
+        df_softmax_f32(c->w->score + (size_t)i * c->L, c->pos[c->g0 + i / c->a->nh] + 1, c->a->scale);
 }
 
 /* Latent columns [c0, c1): o_lat = sum_j p_j latent_j over each row's
