@@ -86,6 +86,9 @@ test: $(B)/deltafin $(B)/deltafin-san $(TEST_BIN) $(FUZZ_BIN)
 $(B)/bench_kernels: bench/bench_kernels.c $(B)/libdeltafin.a
 	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
 
+$(B)/bench_mla: bench/bench_mla.c $(B)/libdeltafin.a
+	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
+
 $(B)/bench_io: bench/bench_io.c
 	$(CC) $(BASE_CFLAGS) $(OPT) $< $(LDLIBS) -o $@
 
@@ -94,10 +97,10 @@ $(B)/memhog: tools/memhog.c
 
 # make bench [BENCH_ARGS=--quick]: the suite (bench/suite.sh; settings in its
 # header); make bench-core: kernels, in-RAM decode, pack vs page cache (bench/run.sh)
-bench: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io $(B)/memhog
+bench: $(B)/deltafin $(B)/bench_kernels $(B)/bench_mla $(B)/bench_io $(B)/memhog
 	@B=$(B) bash bench/suite.sh $(BENCH_ARGS)
 
-bench-quick: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io $(B)/memhog
+bench-quick: $(B)/deltafin $(B)/bench_kernels $(B)/bench_mla $(B)/bench_io $(B)/memhog
 	@B=$(B) bash bench/suite.sh --quick
 
 bench-core: $(B)/deltafin $(B)/bench_kernels $(B)/bench_io

@@ -111,6 +111,40 @@ for (sec, pct, arm), rs in sorted(groups.items()):
         entry["cachesim_bytes_per_token"] = sims[(pct, arm)]["bytes_per_token"]
     results.append(entry)
 
+
+
+def deepseek_summary():
+    """Issue 21's figures from the deepseek section: per repetition, the arms of
+    that repetition paired (they ran back to back): the MLA share of a decode
+    step at the long context, by the step's growth over the short context and
+    by bench_mla's timer of the block alone; prefill per token over decode."""
+    ds = [r for r in runs if r["section"] == "deepseek"]
+    if not ds:
+        return None
+    kind = lambda a: "short" if a == "resident-ctx16" else "prefill" if a == "resident-prefill" else "long"
+    reps = {}
+    for r in ds:
+        reps.setdefault(r["rep"], {})[kind(r["arm"])] = r
+    mla = {r["rep"]: r for r in rows if r.get("event") == "mla" and r.get("section") == "deepseek"}
+    cache = next((r for r in rows if r.get("event") == "cache" and r.get("section") == "deepseek"), None)
+    layers = cache["layers"] if cache else None
+    growth, timer, ratio, long_ctx = [], [], [], None
+    for rep, a in sorted(reps.items()):
+        if "long" in a:
+            long_ctx = a["long"]["prompt_tokens"] + a["long"]["decode_tokens"]
+        if "short" in a and "long" in a:
+            growth.append(1 - a["long"]["tokens_per_s"] / a["short"]["tokens_per_s"])
+        if "long" in a and rep in mla and layers:
+            timer.append(mla[rep]["mla_decode_ms"] * layers / 1e3 * a["long"]["tokens_per_s"])
+        if "short" in a and "prefill" in a and a["prefill"].get("prefill_s"):
+            ratio.append(a["prefill"]["prompt_tokens"] / a["prefill"]["prefill_s"] / a["short"]["tokens_per_s"])
+    return {"mla_share_growth": stats(growth), "mla_share_timer": stats(timer), "prefill_over_decode": stats(ratio),
+            "mla_decode_ms": stats([r["mla_decode_ms"] for r in mla.values()]),
+            "mla_prefill_ms_per_row": stats([r["mla_prefill_ms_per_row"] for r in mla.values()]),
+            "long_context": long_ctx, "layers": layers, "cache": cache}
+
+
+ds_summary = deepseek_summary()
 machine = {}
 log = os.path.join(out, "suite.log")
 for line in open(log):
@@ -118,7 +152,7 @@ for line in open(log):
         k, v = line.split(":", 1)
         machine[k] = v.strip()
 machine["membw_gbs"] = membw
-json.dump({"mode": mode, "machine": machine, "results": results, "raw": rows},
+json.dump({"mode": mode, "machine": machine, "results": results, "deepseek": ds_summary, "raw": rows},
           open(os.path.join(out, "results.json"), "w"), indent=1)
 
 
@@ -149,6 +183,30 @@ if core:
                   f"{m(e, 'membw_gbs', '{:.1f}')} | {m(e, 'membw_fraction', '{:.2f}')} | "
                   f"{m(e, 'prefill_tokens_per_s', '{:.2f}')} | " +
                   (f"{pf['median'] / dc['median']:.2f}x |" if pf and dc else "- |"))
+    md.append("")
+if ds_summary:
+    d = ds_summary
+    md += ["## deepseek (a DeepSeek-V3-shaped model in RAM, 2 threads; issue 21)", "",
+           "| arm | decode tok/s | active MB/token | memory read GB/s | fraction of memory bandwidth | prefill tok/s |",
+           "|---|---|---|---|---|---|"]
+    for e in (e for e in results if e["section"] == "deepseek"):
+        md.append(f"| {e['arm']} | {m(e, 'tokens_per_s', '{:.2f}')} | {e['active_mb_per_token']:.1f} | "
+                  f"{m(e, 'membw_gbs', '{:.1f}')} | {m(e, 'membw_fraction', '{:.2f}')} | "
+                  f"{m(e, 'prefill_tokens_per_s', '{:.2f}')} |")
+    md.append("")
+    fmt = lambda k, f="{:.3f}": m(d, k, f)
+    md += [f"- MLA share of a decode step at context {d['long_context']}: {fmt('mla_share_growth')} "
+           "(the step's growth from context 16, per repetition); "
+           f"{fmt('mla_share_timer')} (bench_mla's block time x {d['layers']} layers over the step)",
+           f"- bench_mla at that context, one layer, 2 threads: decode {fmt('mla_decode_ms')} ms, "
+           f"prefill {fmt('mla_prefill_ms_per_row', '{:.4f}')} ms per row",
+           f"- prefill per token over decode per token (context 16): {fmt('prefill_over_decode', '{:.2f}')}x"]
+    c = d["cache"]
+    if c:
+        md.append(f"- cache per token ({c['layers']} layers): latent {c['latent_bytes_per_token']} B "
+                  f"({c['latent_values']} F32 values per layer); an expanded K/V cache "
+                  f"{c['expanded_f32_bytes_per_token']} B in F32, {c['expanded_bf16_bytes_per_token']} B in BF16 "
+                  f"({c['expanded_values']} values per layer; {c['expanded_values'] / c['latent_values']:.1f}x)")
     md.append("")
 BOUND_NOTE = {
     "bound": "the sweep model",

@@ -10,6 +10,15 @@
 #  core    in-RAM decode of the engine core's benchmark model (hidden 2048, 128
 #          experts, top-8, 8 layers; 9 GiB of experts) as a fraction of the
 #          measured memory bandwidth, and prefill vs decode per token.
+#  deepseek in-RAM decode of a DeepSeek-V3-shaped model scaled to this machine
+#          (issue 21: hidden 2048, 8 layers of which 1 dense, 64 routed experts
+#          top-6 + 1 shared, q-LoRA 768, kv-LoRA 512, 16 heads, nope 128 + rope
+#          64, v 128; 7.2 GiB of experts): decode at a short context (16) and at
+#          DS_CTX (4096) and prefill of a DS_PROMPT (512)-token prompt, each set
+#          against the memory bandwidth measured just before it; the share of
+#          MLA attention in a decode step at DS_CTX (the step's growth from
+#          context 16 to DS_CTX, and bench_mla's timer of the MLA block alone);
+#          latent vs expanded K/V cache bytes per token.
 #  sweep   synthetic Qwen3-MoE (random routers) at 5/10/25/50/100% of the expert
 #          bytes as expert cache: pack + deltafin policy, pack + LRU, page-cache
 #          path (safetensors, buffered reads, page cache held to the same budget
@@ -40,7 +49,8 @@
 # itself leaves HOLD_RESERVE_MIB (64) for the rest of the system. It locks most
 # of the machine's memory, so it is off in --quick, which is meant for a shared
 # machine; HOLD_MAX caps what it locks, for trying it out), RESULTS_DIR, SECTIONS
-# ("core sweep replay bound demo"), CORE_REPS, SIM_GBS (0.6), BOUND_NEW (128),
+# ("core deepseek sweep replay bound demo"), CORE_REPS, DS_REPS (CORE_REPS), DS_NEW (32),
+# DS_CTX (4096), DS_PROMPT (512), SIM_GBS (0.6), BOUND_NEW (128),
 # BOUND_PROMPT (16), BOUND_FRACS ("5 10 25"), BOUND_CORE_FRACS ("10"), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
 # DRAFT_ARMS ("name=flags;name=flags"). Models go to $B/bench-models/.
 set -euo pipefail
@@ -68,12 +78,16 @@ COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
-SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core sweep replay bound demo")} # core: a 10 GB model
+SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core deepseek sweep replay bound demo")} # core, deepseek: 10 GB models
 SIM_GBS=${SIM_GBS:-0.6}
 BOUND_NEW=${BOUND_NEW:-$(q 32 128)}
 BOUND_PROMPT=${BOUND_PROMPT:-16}
 BOUND_FRACS=${BOUND_FRACS:-$(q "10" "5 10 25")}
 CORE_REPS=${CORE_REPS:-$(q 1 5)}
+DS_REPS=${DS_REPS:-$CORE_REPS}
+DS_NEW=${DS_NEW:-32}
+DS_CTX=${DS_CTX:-4096}
+DS_PROMPT=${DS_PROMPT:-512}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
 # Model shapes, the same in both modes (the models are made once): sweep experts
@@ -166,18 +180,21 @@ if "--match-trace" in a: L, E = 27, 64
 print(2 * (L * E * 3 * h * I * 2) + V * h * 2 + L * h * h * 8)
 PYEOF
 )
-    local avail
-    mkdir -p "$(dirname "$dir")"
-    avail=$(df --output=avail -B1 "$(dirname "$dir")" | tail -1)
-    if [ "$avail" -lt $((need + (2 << 30))) ]; then
-        say "SKIP $dir: needs about $((need >> 20)) MiB (checkpoint + pack) + 2 GiB, disk has $((avail >> 20)) MiB free"
-        return 1
-    fi
+    room_for "$dir" "$need" "checkpoint + pack" || return 1
     say "generating $dir (about $((need / 2 >> 20)) MiB)"
-    mkdir -p "$(dirname "$dir")"
     nice /usr/bin/python3 tools/gen_checkpoint.py --out "$dir" --arch qwen3_moe --seed 5 --dtype bf16 \
         --vocab 151936 --heads 16 --kv-heads 4 --head-dim 128 --norm-topk-prob 1 --tie-embeddings 1 \
         --max-pos 4096 --max-shard-size 4000000000 --fast-init "$@" >>"$LOG"
+}
+# room_for DIR BYTES WHAT: the disk under DIR has BYTES + 2 GiB free (else says SKIP)
+room_for() {
+    local avail
+    mkdir -p "$(dirname "$1")"
+    avail=$(df --output=avail -B1 "$(dirname "$1")" | tail -1)
+    if [ "$avail" -lt $(($2 + (2 << 30))) ]; then
+        say "SKIP $1: needs about $(($2 >> 20)) MiB ($3) + 2 GiB, disk has $((avail >> 20)) MiB free"
+        return 1
+    fi
 }
 pack() { # MODEL -> MODEL-pack
     [ -f "$1-pack/manifest.json" ] || { say "packing $1"; "$ENG" pack --model "$1" --out "$1-pack" >>"$LOG"; }
@@ -206,7 +223,7 @@ run_arm() {
         read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
         [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding memory to the budget"
     fi
-    [ "$sec" = core ] || drop
+    case $sec in core | deepseek) ;; *) drop ;; esac # in-RAM sections run warm
     local json
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
@@ -285,6 +302,65 @@ if [[ " $SECTIONS " == *" core "* ]]; then
             ARM_MEMBW=$("$B/bench_kernels" --membw-only | awk '/^membw_gbs/{print $2}')
             run_arm core resident "$CM" 100 "$EB" "$DB" 0 "$rep" 64 32 --threads 2
             say "  memory read bandwidth just before: $ARM_MEMBW GB/s"
+        done
+        ARM_MEMBW=
+    fi
+fi
+
+# ---- deepseek: a DeepSeek-V3-shaped model in RAM (issue 21) ---------------------------
+# Three arms per repetition, interleaved (reversed on even repetitions), warm:
+#   ctx16    16-token prompt, DS_NEW decoded: decode at a short context; its
+#            active bytes x tokens/s over the bandwidth measured just before it
+#   prefill  DS_PROMPT-token prompt: prefill tokens/s (vs ctx16's decode)
+#   ctx4096  a DS_CTX - DS_NEW token prompt, DS_NEW decoded: decode near DS_CTX
+# The MLA share at DS_CTX is what a step grew by from ctx16 to ctx4096 over the
+# ctx4096 step (all the growth is attention over the longer latent cache), and
+# independently bench_mla's time of the MLA block alone at DS_CTX x layers over
+# the ctx4096 step. Each repetition's arms are paired (report.py).
+if [[ " $SECTIONS " == *" deepseek "* ]]; then
+    DSM=$B/bench-models/dsv3-h2048-l8-e64
+    DS_GEN=(--arch deepseek_v3 --seed 5 --dtype bf16 --vocab 129280 --hidden 2048 --intermediate 10944
+        --layers 8 --first-k-dense 1 --heads 16 --q-lora-rank 768 --kv-lora-rank 512 --qk-nope-dim 128
+        --qk-rope-dim 64 --v-head-dim 128 --experts 64 --top-k 6 --n-shared-experts 1
+        --moe-intermediate 1408 --n-group 8 --topk-group 4 --routed-scaling-factor 2.5 --norm-topk-prob 1
+        --max-pos 8192 --max-shard-size 4000000000 --fast-init)
+    if [ -f "$DSM/config.json" ] || { room_for "$DSM" 9300000000 "checkpoint" &&
+        say "generating $DSM (about 8800 MiB)" &&
+        nice /usr/bin/python3 tools/gen_checkpoint.py --out "$DSM" "${DS_GEN[@]}" >>"$LOG"; }; then
+        read -r EB DB < <(model_bytes "$DSM")
+        "$ENG" inspect --model "$DSM" | grep -E '^(attention|latent cache|experts|MoE layers)' | tee -a "$LOG"
+        # cache bytes per token, all layers: the engine's F32 latent rows vs the
+        # expanded per-head keys (nope + rope) and values a plain K/V cache holds
+        /usr/bin/python3 - "$DSM/config.json" >>"$ARMS" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+L, nh = c["num_hidden_layers"], c["num_attention_heads"]
+lat = c["kv_lora_rank"] + c["qk_rope_head_dim"]
+exp = nh * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"] + c["v_head_dim"])
+print(json.dumps({"section": "deepseek", "event": "cache", "layers": L, "latent_values": lat,
+                  "expanded_values": exp, "latent_bytes_per_token": 4 * L * lat,
+                  "expanded_f32_bytes_per_token": 4 * L * exp, "expanded_bf16_bytes_per_token": 2 * L * exp}))
+PYEOF
+        say ""
+        say "## deepseek: $DSM in RAM (resident, warm), 2 threads; decode $DS_NEW at context 16 and $DS_CTX, prefill $DS_PROMPT"
+        "$ENG" run --model "$DSM" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
+        DS_ARMS=("ctx16 16" "prefill $DS_PROMPT" "ctx$DS_CTX $((DS_CTX - DS_NEW))")
+        for rep in $(seq "$DS_REPS"); do
+            ORDER=("${DS_ARMS[@]}")
+            [ $((rep % 2)) = 0 ] && ORDER=("${DS_ARMS[2]}" "${DS_ARMS[1]}" "${DS_ARMS[0]}")
+            for a in "${ORDER[@]}"; do
+                read -r name plen <<<"$a"
+                new=$DS_NEW
+                [ "$name" = prefill ] && new=4 # the prompt is the measure
+                ARM_MEMBW=$("$B/bench_kernels" --membw-only | awk '/^membw_gbs/{print $2}')
+                run_arm deepseek "resident-$name" "$DSM" 100 "$EB" "$DB" 0 "$rep" "$plen" "$new" --threads 2
+                say "  memory read bandwidth just before: $ARM_MEMBW GB/s"
+            done
+            # the MLA block alone at DS_CTX (one layer, the model's shape)
+            MLA=$("$B/bench_mla" --ctx "$DS_CTX" --rows 256 --threads 2 --reps 21)
+            echo "$MLA" | awk -v rep="$rep" '/^mla_decode_ms/{d=$2} /^mla_prefill_ms_per_row/{p=$2}
+                END{printf "{\"section\":\"deepseek\",\"event\":\"mla\",\"rep\":%d,\"mla_decode_ms\":%s,\"mla_prefill_ms_per_row\":%s}\n", rep, d, p}' >>"$ARMS"
+            say "rep $rep: bench_mla at ctx $DS_CTX: $(echo "$MLA" | grep -E '^mla_' | tr '\n' ' ')"
         done
         ARM_MEMBW=
     fi

@@ -47,6 +47,20 @@ rows.append({"section": "bound", "event": "realbw", "rep": 1, "gbs": 1.5})
 # the core model streamed in the bound section (issue 3's benchmark): its own table
 rows.append(arm("bcore", 1, 2.0, 99_000_000, section="bound-core", sim_disk_gbs=0.5, io_bw_gbs=0.5,
                 bytes_missed_per_token=200_000_000, io_bound_tokens_per_s=2.5, fraction_of_bound=0.8))
+# the deepseek section (issue 21): per repetition a short-context and a long-context
+# decode and a prefill; the MLA share pairs the arms of one repetition
+for rep, short, long_, pf in ((1, 20.0, 16.0, 80.0), (2, 10.0, 9.0, 50.0), (3, 25.0, 20.0, 70.0)):
+    rows.append(arm("resident-ctx16", rep, short, 0, section="deepseek", budget_pct=100, prompt_tokens=16,
+                    prefill_s=1.0, active_bytes_per_token=1_000_000_000, membw_gbs=40.0))
+    rows.append(arm("resident-prefill", rep, 5.0, 0, section="deepseek", budget_pct=100, prompt_tokens=512,
+                    prefill_s=512 / pf, active_bytes_per_token=1_000_000_000, membw_gbs=40.0))
+    rows.append(arm("resident-ctx4096", rep, long_, 0, section="deepseek", budget_pct=100, prompt_tokens=4064,
+                    decode_tokens=32, prefill_s=100.0, active_bytes_per_token=1_000_000_000, membw_gbs=40.0))
+    rows.append({"section": "deepseek", "event": "mla", "rep": rep, "mla_decode_ms": 1.0 * rep,
+                 "mla_prefill_ms_per_row": 0.5})
+rows.append({"section": "deepseek", "event": "cache", "layers": 8, "latent_values": 576, "expanded_values": 5120,
+             "latent_bytes_per_token": 18432, "expanded_f32_bytes_per_token": 163840,
+             "expanded_bf16_bytes_per_token": 81920})
 rows.append({"section": "replay", "event": "cachesim", "arm": "lru", "budget_pct": 10,
              "hit_rate": 0.25, "bytes_per_token": 1_500_000.0})
 open(sys.argv[1], "w").write("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -95,6 +109,18 @@ b = e["bfast"]
 close(b["io_bw_gbs"]["median"], 0.5, "bound: simulated bandwidth")
 close(b["bytes_per_token"]["median"], 50e6, "bound: missed bytes per token")
 close(b["fraction_of_bound"]["median"], 0.85, "bound: fraction")
+# deepseek: share by growth 1 - long/short per repetition: 0.2, 0.1, 0.2 -> median 0.2
+d = r["deepseek"]
+close(d["mla_share_growth"]["median"], 0.2, "deepseek: MLA share (growth)")
+close(d["mla_share_growth"]["min"], 0.1, "deepseek: MLA share (growth) min")
+# by the timer: ms x 8 layers / 1000 x long tok/s: 0.128, 0.144, 0.48 -> 0.144
+close(d["mla_share_timer"]["median"], 0.144, "deepseek: MLA share (timer)")
+# prefill tok/s over the same repetition's short decode: 4, 5, 2.8 -> 4
+close(d["prefill_over_decode"]["median"], 4.0, "deepseek: prefill/decode")
+assert d["long_context"] == 4096, d["long_context"]
+# membw fraction of the short arm: 20, 10, 25 tok/s x 1 GB / 40 GB/s -> median 0.5
+ds = [x for x in r["results"] if x["arm"] == "resident-ctx16"][0]
+close(ds["membw_fraction"]["median"], 0.5, "deepseek: membw fraction")
 PYEOF
 grep -q "^## bound (the sweep model; experts through a simulated 0.50 GB/s disk" "$T/results.md" \
     && ok bound-table || bad bound-table "$(grep -A4 '## bound' "$T/results.md")"
@@ -102,6 +128,10 @@ grep -A4 "^## bound-core (the engine core's model, 9 GiB of experts; experts thr
     grep -q "| bcore | 2.000 .* | 0.80 " && ok bound-core-table || bad bound-core-table "$(grep -A4 '## bound-core' "$T/results.md")"
 grep -q "^| m | resident | 3.00 (2.00-4.00) | 2000.0 | 10.0 (10.0-10.0) | 0.60 (0.40-0.80) | 40.00 (30.00-50.00) | 13.33x |" "$T/results.md" \
     && ok core-table || bad core-table "$(grep -A3 '## core' "$T/results.md")"
+grep -q "^- MLA share of a decode step at context 4096: 0.200 (0.100-0.200) .*0.144 (0.128-0.480)" "$T/results.md" &&
+    grep -q "latent 18432 B (576 F32 values per layer); an expanded K/V cache 163840 B in F32, 81920 B in BF16" "$T/results.md" &&
+    grep -q "^| resident-ctx16 | 20.00 (10.00-25.00) | 1000.0 | 40.0 (40.0-40.0) | 0.50 (0.25-0.62) |" "$T/results.md" \
+    && ok deepseek-table || bad deepseek-table "$(grep -A12 '## deepseek' "$T/results.md")"
 grep -q "pagecache (held)" "$T/results.md" && ok held-marked || bad held-marked "$(grep pagecache "$T/results.md")"
 
 # a repetition where memhog fell short is not "held"

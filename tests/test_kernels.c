@@ -5,7 +5,7 @@
  * CPU can run gives y bit-identical to the portable C path; a batch of T rows
  * equals T single-row calls; 1, 2 and 3 threads agree; y is close to a double
  * reference; special values (signed zeros, F16 subnormals, inf, NaN) agree
- * across paths. Also df_dot_f32, df_axpy_f32, df_to_f32, the ISA API, and the
+ * across paths. Also df_dot_f32, df_axpy_f32, df_axpy_rows, df_softmax_f32, df_to_f32, the ISA API, and the
  * pool's range splitting, wake-up after sleep, nesting and concurrent callers.
  */
 #include "testutil.h"
@@ -389,6 +389,112 @@ static void test_dot_axpy(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* df_axpy_rows is df_axpy_f32 applied row by row, position by position: on
+ * every path, for F32/F16/BF16 x, rows of different lengths (runs that end
+ * inside a position block), column ranges that start and end off a vector and
+ * signed zeros (fma(-0, x, -0) keeps -0, which a product that skipped zeros
+ * or started from +0 would not). */
+static void test_axpy_rows(void **state) {
+    (void)state;
+    enum { R = 11, LDA = 150, NX = 140, LDX = 83 };
+    static float a[R * LDA], xf[NX * LDX], y0[R * LDX], ref[R * LDX], y[R * LDX];
+    static uint16_t xh[NX * LDX];
+    const int n[R] = {0, 1, 64, 65, 65, 65, 65, 130, 140, 7, 140};
+    const int cuts[][2] = {{0, LDX}, {3, 80}, {16, 64}, {5, 6}, {64, 83}, {0, 17}};
+    for (int i = 0; i < R * LDA; i++) a[i] = rnd() % 9 ? rndf() : (rnd() % 2 ? 0.0f : -0.0f);
+    for (int i = 0; i < R * LDX; i++) y0[i] = rnd() % 5 ? rndf() * 4.0f : -0.0f;
+    for (int dt = 0; dt < 3; dt++) {
+        df_dtype xt = dt == 0 ? DF_DT_F32 : dt == 1 ? DF_DT_F16 : DF_DT_BF16;
+        for (int i = 0; i < NX * LDX; i++) {
+            float f = rnd() % 7 ? rndf() * 3.0f : -0.0f;
+            xh[i] = xt == DF_DT_F16 ? df_f32_to_f16(f) : df_f32_to_bf16(f);
+            xf[i] = xt == DF_DT_F32 ? f : xt == DF_DT_F16 ? df_f16_to_f32(xh[i]) : df_bf16_to_f32(xh[i]);
+        }
+        const void *x = xt == DF_DT_F32 ? (const void *)xf : (const void *)xh;
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            int c0 = cuts[c][0], c1 = cuts[c][1];
+            memcpy(ref, y0, sizeof ref);
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < n[r]; j++)
+                    for (int k = c0; k < c1; k++)
+                        ref[r * LDX + k] = fmaf(a[r * LDA + j], xf[j * LDX + k], ref[r * LDX + k]);
+            for (int isa = 0; isa < n_isas(); isa++) {
+                assert_int_equal(df_isa_set((df_isa)isa), 0);
+                memcpy(y, y0, sizeof y);
+                df_axpy_rows(y, LDX, a, LDA, x, xt, LDX, R, n, c0, c1);
+                long d = first_diff(y, ref, R * LDX, 0);
+                if (d >= 0)
+                    fail_msg("%s %s cols [%d,%d): element %ld (row %ld) %a vs %a", df_isa_name((df_isa)isa),
+                             df_dtype_name(xt), c0, c1, d, d / LDX, y[d], ref[d]);
+                /* row by row, as one-row calls */
+                memcpy(y, y0, sizeof y);
+                for (int r = 0; r < R; r++)
+                    df_axpy_rows(y + r * LDX, LDX, a + r * LDA, LDA, x, xt, LDX, 1, &n[r], c0, c1);
+                assert_int_equal(first_diff(y, ref, R * LDX, 0), -1);
+            }
+        }
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
+/* df_softmax_f32: every path gives the C path's bits (lengths that hit every
+ * tail; scores spread over the exponential's whole range, down to underflow;
+ * NaN, -inf, +inf and signed zeros), each result is within a few ulp of a
+ * double softmax, and the weights sum to 1. */
+static void test_softmax(void **state) {
+    (void)state;
+    static float in[700], ref[700], y[700];
+    for (int n = 1; n <= 700; n += (n < 40 ? 1 : 37)) {
+        for (int kind = 0; kind < 4; kind++) {
+            for (int i = 0; i < n; i++) {
+                float spread = kind == 0 ? 2.0f : kind == 1 ? 60.0f : kind == 2 ? 400.0f : 0.0f;
+                in[i] = rndf() * spread;
+            }
+            if (kind == 3 && n > 5) in[1] = -0.0f, in[2] = -INFINITY, in[4] = 0.0f;
+            float scale = kind == 2 ? 0.25f : 1.0f;
+            assert_int_equal(df_isa_set(DF_ISA_C), 0);
+            memcpy(ref, in, sizeof in);
+            df_softmax_f32(ref, n, scale);
+            double mx = -INFINITY, sum = 0, got = 0;
+            for (int i = 0; i < n; i++) mx = fmax(mx, (double)(in[i] * scale));
+            for (int i = 0; i < n; i++) sum += exp((double)(in[i] * scale) - mx);
+            for (int i = 0; i < n; i++) {
+                double arg = (double)(in[i] * scale) - mx, want = exp(arg) / sum;
+                got += ref[i];
+                /* a few ulp, plus the rounding of the float argument x - max
+                 * (half an ulp of |x - max|, which exp turns into a relative error) */
+                if (fabs(ref[i] - want) > (4e-7 - arg * 6e-8) * want + 1e-37)
+                    fail_msg("softmax n=%d kind %d [%d]: %a vs %a", n, kind, i, ref[i], want);
+            }
+            assert_true(fabs(got - 1.0) < 1e-5);
+            for (int isa = 0; isa < n_isas(); isa++) {
+                assert_int_equal(df_isa_set((df_isa)isa), 0);
+                memcpy(y, in, sizeof in);
+                df_softmax_f32(y, n, scale);
+                long d = first_diff(y, ref, 700, 0);
+                if (d >= 0)
+                    fail_msg("%s softmax n=%d kind %d: [%ld] %a vs C %a", df_isa_name((df_isa)isa), n, kind, d, y[d],
+                             ref[d]);
+            }
+        }
+    }
+    /* NaN and +inf: NaN rows agree across paths (any NaN), finite ones are 0 */
+    for (int n = 1; n <= 40; n++) {
+        for (int i = 0; i < n; i++) in[i] = rndf();
+        in[n / 2] = n % 2 ? NAN : INFINITY;
+        assert_int_equal(df_isa_set(DF_ISA_C), 0);
+        memcpy(ref, in, sizeof in);
+        df_softmax_f32(ref, n, 1.0f);
+        for (int isa = 0; isa < n_isas(); isa++) {
+            assert_int_equal(df_isa_set((df_isa)isa), 0);
+            memcpy(y, in, sizeof in);
+            df_softmax_f32(y, n, 1.0f);
+            assert_int_equal(first_diff(y, ref, (size_t)n, 1), -1);
+        }
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
 /* Every F16 and BF16 bit pattern, at lengths and offsets that hit the tails. */
 static void test_to_f32(void **state) {
     (void)state;
@@ -603,6 +709,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_signed_zero_padding),
         cmocka_unit_test(test_inf_nan),
         cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_axpy_rows),
+        cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_to_f32),
         cmocka_unit_test(test_pool_ranges),
         cmocka_unit_test(test_pool_stress_and_sleep),

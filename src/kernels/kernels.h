@@ -118,6 +118,22 @@ void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *
 float df_dot_f32(const float *a, const float *b, int n);
 /* y[i] += a * x[i] (elementwise, exact per element) */
 void df_axpy_f32(float *y, float a, const float *x, int n);
+/* A product whose reduction runs down the rows of x: for r < R and c0 <= c < c1,
+ *   y[r*ldy + c] = fma(a[r*lda + j], x[j*ldx + c], y[r*ldy + c])  for j = 0 .. n[r]-1 in order,
+ * i.e. exactly df_axpy_f32(y_r, a[r][j], x_j) applied for every j in turn, so
+ * the result does not depend on the path, the blocking or which rows and
+ * columns a call is given. y accumulates (zero it for a plain product). x is
+ * [*][ldx] values of dtype xt (F32, F16 or BF16; widened exactly). One thread;
+ * callers split columns or rows. Blocked so that x is read once for all R rows
+ * (MLA's weighted latent sum and absorbed query, src/model/mla.c). */
+void df_axpy_rows(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
+                  const int *n, int c0, int c1);
+
+/* x = softmax(scale * x) in place over n elements, the same bits on every path:
+ * max, e = exp(x - max) by softmax.h's polynomial (about 1 ulp; below -87 it
+ * is +0), the sum in the 16 lanes and tree of the products above, then
+ * e * (1 / sum). NaNs are skipped by the max and come out as NaN. */
+void df_softmax_f32(float *x, int n, float scale);
 
 /* Widens n elements of a dtype to F32. */
 void df_to_f32(float *dst, const void *src, df_dtype t, size_t n);

@@ -26,11 +26,15 @@ void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void 
                          df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx2(const float *a, const float *b, int n);
 void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
+void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
+                       const int *n, int c0, int c1);
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
 void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const void *w,
                            df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx512(const float *a, const float *b, int n);
 void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
+void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
+                         int R, const int *n, int c0, int c1);
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
 #else
 #define DF_HAVE_X86 0
@@ -95,6 +99,20 @@ static float dot_f32_c(const float *a, const float *b, int n) {
 
 static void axpy_f32_c(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* Row r, then position j, then column: each element's chain of fmaf in j order. */
+static void axpy_rows_c(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
+                        const int *n, int c0, int c1) {
+    size_t es = df_dtype_size(xt);
+    for (int r = 0; r < R; r++) {
+        float *yr = y + (size_t)r * (size_t)ldy;
+        for (int j = 0; j < n[r]; j++) {
+            const void *xj = (const char *)x + (size_t)j * (size_t)ldx * es;
+            float aj = a[(size_t)r * (size_t)lda + (size_t)j];
+            for (int c = c0; c < c1; c++) yr[c] = fmaf(aj, load_w(xj, xt, (size_t)c), yr[c]);
+        }
+    }
 }
 
 static float f8_to_f32(uint8_t v, int ebits, int mbits, int bias, int e4m3) {
@@ -288,6 +306,20 @@ void df_axpy_f32(float *y, float a, const float *x, int n) {
     }
 #endif
     axpy_f32_c(y, a, x, n);
+}
+
+void df_axpy_rows(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
+                  const int *n, int c0, int c1) {
+    if (R <= 0 || c1 <= c0) return;
+    if (xt != DF_DT_F32 && xt != DF_DT_F16 && xt != DF_DT_BF16) bad_dtype(xt);
+#if DF_HAVE_X86
+    switch (df_isa_get()) {
+    case DF_ISA_AVX512: df_axpy_rows_avx512(y, ldy, a, lda, x, xt, ldx, R, n, c0, c1); return;
+    case DF_ISA_AVX2: df_axpy_rows_avx2(y, ldy, a, lda, x, xt, ldx, R, n, c0, c1); return;
+    default: break;
+    }
+#endif
+    axpy_rows_c(y, ldy, a, lda, x, xt, ldx, R, n, c0, c1);
 }
 
 void df_to_f32(float *dst, const void *src, df_dtype t, size_t n) {

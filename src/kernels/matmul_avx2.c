@@ -14,6 +14,9 @@
  * measured a little faster than 2x3 and 2x2 on Zen 5).
  */
 #include "kernels/kernels.h"
+#include "kernels/softmax.h"
+
+#include <math.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -22,7 +25,10 @@ void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void 
                          df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx2(const float *a, const float *b, int n);
 void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
+void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
+                       const int *n, int c0, int c1);
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
+void df_softmax_f32_avx2(float *x, int n, float scale);
 void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
 
 #define INL static inline __attribute__((always_inline))
@@ -196,6 +202,156 @@ void df_axpy_f32_avx2(float *y, float a, const float *x, int n) {
         __m128 r = _mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i]));
         y[i] = _mm_cvtss_f32(r);
     }
+}
+
+/* ---- df_axpy_rows ------------------------------------------------------------
+ * As on the AVX-512 path (matmul_avx512.c): tiles of RN rows x CV vectors of 8
+ * columns (RN 2 x CV 4: 8 accumulators + 4 x vectors + 1 broadcast), positions in
+ * blocks of AR_JB, each element's fused multiply-adds in position order; the
+ * last columns that fill no vector go one by one with the same scalar FMA. */
+#define AR_JB 64
+
+INL void ar_tile(float *y, int ldy, const float *a, int lda, const char *x, size_t xs, int dt, int RN, int CV,
+                 int j0, int j1) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    __m256 acc[2][4];
+    #pragma GCC unroll 2
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < CV; v++) acc[r][v] = _mm256_loadu_ps(y + (size_t)r * ldy + 8 * v);
+    for (int j = j0; j < j1; j++) {
+        const char *xr = x + (size_t)j * xs;
+        __m256 xv[4];
+        #pragma GCC unroll 4
+        for (int v = 0; v < CV; v++) xv[v] = ld8(xr + (size_t)8 * v * es, dt);
+        #pragma GCC unroll 2
+        for (int r = 0; r < RN; r++) {
+            __m256 b = _mm256_set1_ps(a[(size_t)r * lda + j]);
+            #pragma GCC unroll 4
+            for (int v = 0; v < CV; v++) acc[r][v] = _mm256_fmadd_ps(b, xv[v], acc[r][v]);
+        }
+    }
+    #pragma GCC unroll 2
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < CV; v++) _mm256_storeu_ps(y + (size_t)r * ldy + 8 * v, acc[r][v]);
+}
+
+/* Columns [c, c1) that fill no vector: one scalar FMA per element. */
+INL void ar_cols(float *y, const float *a, const char *x, size_t xs, int dt, int c, int c1, int j0, int j1) {
+    for (int cc = c; cc < c1; cc++) {
+        __m128 acc = _mm_set_ss(y[cc]);
+        for (int j = j0; j < j1; j++) {
+            float xj;
+            const char *p = x + (size_t)j * xs;
+            if (dt == DF_DT_F32) xj = ((const float *)p)[cc];
+            else if (dt == DF_DT_F16) xj = df_f16_to_f32(((const uint16_t *)p)[cc]);
+            else xj = df_bf16_to_f32(((const uint16_t *)p)[cc]);
+            acc = _mm_fmadd_ss(_mm_set_ss(a[j]), _mm_set_ss(xj), acc);
+        }
+        y[cc] = _mm_cvtss_f32(acc);
+    }
+}
+
+INL void ar_run(float *y, int ldy, const float *a, int lda, const char *x, size_t xs, int dt, int RN, int c0,
+                int c1, int j0, int j1) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    int c = c0;
+    for (; c + 32 <= c1; c += 32)
+        if (RN == 2) ar_tile(y + c, ldy, a, lda, x + (size_t)c * es, xs, dt, 2, 4, j0, j1);
+        else ar_tile(y + c, ldy, a, lda, x + (size_t)c * es, xs, dt, 1, 4, j0, j1);
+    for (; c + 8 <= c1; c += 8)
+        if (RN == 2) ar_tile(y + c, ldy, a, lda, x + (size_t)c * es, xs, dt, 2, 1, j0, j1);
+        else ar_tile(y + c, ldy, a, lda, x + (size_t)c * es, xs, dt, 1, 1, j0, j1);
+    if (c < c1)
+        for (int r = 0; r < RN; r++)
+            ar_cols(y + (size_t)r * ldy, a + (size_t)r * lda, x, xs, dt, c, c1, j0, j1);
+}
+
+INL void axpy_rows(float *y, int ldy, const float *a, int lda, const char *x, int dt, int ldx, int R,
+                   const int *n, int c0, int c1) {
+    const size_t xs = (size_t)ldx * (dt == DF_DT_F32 ? 4 : 2);
+    int nmax = 0;
+    for (int r = 0; r < R; r++) nmax = n[r] > nmax ? n[r] : nmax;
+    for (int jb = 0; jb < nmax; jb += AR_JB) {
+        for (int r = 0; r < R;) {
+            int je = n[r] < jb + AR_JB ? n[r] : jb + AR_JB;
+            if (je <= jb) {
+                r++;
+                continue;
+            }
+            int rn = r + 1 < R && (n[r + 1] < jb + AR_JB ? n[r + 1] : jb + AR_JB) == je ? 2 : 1;
+            ar_run(y + (size_t)r * ldy, ldy, a + (size_t)r * lda, lda, x, xs, dt, rn, c0, c1, jb, je);
+            r += rn;
+        }
+    }
+}
+
+void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
+                       const int *n, int c0, int c1) {
+    switch (xt) {
+    case DF_DT_F32: axpy_rows(y, ldy, a, lda, x, DF_DT_F32, ldx, R, n, c0, c1); break;
+    case DF_DT_F16: axpy_rows(y, ldy, a, lda, x, DF_DT_F16, ldx, R, n, c0, c1); break;
+    default: axpy_rows(y, ldy, a, lda, x, DF_DT_BF16, ldx, R, n, c0, c1); break;
+    }
+}
+
+/* ---- df_softmax_f32: softmax.c's C path, 8 elements at a time -------------- */
+
+INL __m256 exp8(__m256 x) {
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(DF_EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DF_EXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DF_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(DF_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DF_EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    /* out-of-range lanes give garbage here and are replaced below */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(DF_EXP_LO), _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(DF_EXP_HI), _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+void df_softmax_f32_avx2(float *x, int n, float scale) {
+    __m256 sc = _mm256_set1_ps(scale), mv = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    /* max_ps(v, acc) returns acc where v is NaN: NaNs are skipped, as in C */
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), sc);
+        _mm256_storeu_ps(x + j, v);
+        mv = _mm256_max_ps(v, mv);
+    }
+    _Alignas(32) float b[16];
+    _mm256_store_ps(b, mv);
+    float mx = -INFINITY;
+    for (int i = 0; i < 8; i++)
+        if (b[i] > mx) mx = b[i];
+    for (; j < n; j++)
+        if ((x[j] *= scale) > mx) mx = x[j];
+    __m256 m = _mm256_set1_ps(mx), lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), m));
+        _mm256_storeu_ps(x + j, e0), _mm256_storeu_ps(x + j + 8, e1);
+        lo = _mm256_add_ps(lo, e0), hi = _mm256_add_ps(hi, e1);
+    }
+    if (j < n) {
+        /* the tail padded with -inf, whose exp is +0: the lanes do not change */
+        for (int i = 0; i < 16; i++) b[i] = j + i < n ? x[j + i] : -INFINITY;
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_load_ps(b), m)), e1 = exp8(_mm256_sub_ps(_mm256_load_ps(b + 8), m));
+        lo = _mm256_add_ps(lo, e0), hi = _mm256_add_ps(hi, e1);
+        _mm256_store_ps(b, e0), _mm256_store_ps(b + 8, e1);
+        for (int i = 0; j + i < n; i++) x[j + i] = b[i];
+    }
+    float inv = 1.0f / hsum2x8(lo, hi);
+    __m256 iv = _mm256_set1_ps(inv);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), iv));
+    for (; j < n; j++) x[j] *= inv;
 }
 
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n) {

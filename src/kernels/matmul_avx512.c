@@ -25,6 +25,9 @@
  * only change speed, never results: every output has its own accumulator.
  */
 #include "kernels/kernels.h"
+#include "kernels/softmax.h"
+
+#include <math.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -33,7 +36,10 @@ void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const voi
                            df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx512(const float *a, const float *b, int n);
 void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
+void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
+                         int R, const int *n, int c0, int c1);
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
+void df_softmax_f32_avx512(float *x, int n, float scale);
 void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
 
 #define INL static inline __attribute__((always_inline))
@@ -206,6 +212,141 @@ void df_axpy_f32_avx512(float *y, float a, const float *x, int n) {
         __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
         _mm512_mask_storeu_ps(y + i, m, r);
     }
+}
+
+/* ---- df_axpy_rows ------------------------------------------------------------
+ * A tile is RN rows x 64 columns (4 vectors, the last ones masked at the edge):
+ * 16 accumulators live in registers across a block of positions, each step
+ * loads 4 vectors of x once for the RN rows and broadcasts one a per row.
+ * Positions go in blocks of AR_JB so that a block of x (AR_JB rows of one
+ * thread's columns) stays in L2 while every row passes over it: x is read from
+ * memory once per call, not once per row. Each element still sees its fused
+ * multiply-adds in position order, so the result is df_axpy_f32's. */
+#define AR_JB 64
+
+INL void ar_tile(float *y, int ldy, const float *a, int lda, const char *x, size_t xs, int dt, int RN,
+                 const __mmask16 *m, int j0, int j1) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2;
+    __m512 acc[4][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_maskz_loadu_ps(m[v], y + (size_t)r * ldy + 16 * v);
+    for (int j = j0; j < j1; j++) {
+        const char *xr = x + (size_t)j * xs;
+        __m512 xv[4];
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) xv[v] = ld16m(xr + (size_t)16 * v * es, dt, m[v]);
+        #pragma GCC unroll 4
+        for (int r = 0; r < RN; r++) {
+            __m512 b = _mm512_set1_ps(a[(size_t)r * lda + j]);
+            #pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) acc[r][v] = _mm512_fmadd_ps(b, xv[v], acc[r][v]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16 * v, m[v], acc[r][v]);
+}
+
+INL void axpy_rows(float *y, int ldy, const float *a, int lda, const char *x, int dt, int ldx, int R,
+                   const int *n, int c0, int c1) {
+    const size_t es = dt == DF_DT_F32 ? 4 : 2, xs = (size_t)ldx * es;
+    int nmax = 0;
+    for (int r = 0; r < R; r++) nmax = n[r] > nmax ? n[r] : nmax;
+    for (int jb = 0; jb < nmax; jb += AR_JB) {
+        for (int c = c0; c < c1; c += 64) {
+            __mmask16 m[4];
+            for (int v = 0; v < 4; v++) {
+                int left = c1 - c - 16 * v;
+                m[v] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            }
+            /* rows in runs of up to 4 that end this block at the same position */
+            for (int r = 0; r < R;) {
+                int je = n[r] < jb + AR_JB ? n[r] : jb + AR_JB;
+                if (je <= jb) {
+                    r++;
+                    continue;
+                }
+                int rn = 1;
+                while (rn < 4 && r + rn < R && (n[r + rn] < jb + AR_JB ? n[r + rn] : jb + AR_JB) == je) rn++;
+                float *yt = y + (size_t)r * ldy + c;
+                const float *at = a + (size_t)r * lda;
+                const char *xt = x + (size_t)c * es;
+                switch (rn) {
+                case 4: ar_tile(yt, ldy, at, lda, xt, xs, dt, 4, m, jb, je); break;
+                case 3: ar_tile(yt, ldy, at, lda, xt, xs, dt, 3, m, jb, je); break;
+                case 2: ar_tile(yt, ldy, at, lda, xt, xs, dt, 2, m, jb, je); break;
+                default: ar_tile(yt, ldy, at, lda, xt, xs, dt, 1, m, jb, je); break;
+                }
+                r += rn;
+            }
+        }
+    }
+}
+
+void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
+                         int R, const int *n, int c0, int c1) {
+    switch (xt) {
+    case DF_DT_F32: axpy_rows(y, ldy, a, lda, x, DF_DT_F32, ldx, R, n, c0, c1); break;
+    case DF_DT_F16: axpy_rows(y, ldy, a, lda, x, DF_DT_F16, ldx, R, n, c0, c1); break;
+    default: axpy_rows(y, ldy, a, lda, x, DF_DT_BF16, ldx, R, n, c0, c1); break;
+    }
+}
+
+/* ---- df_softmax_f32: softmax.c's C path, 16 elements at a time ------------- */
+
+INL __m512 exp16(__m512 x) {
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(DF_EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-DF_EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-DF_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(DF_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DF_EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    /* out-of-range lanes give garbage here and are replaced below */
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(DF_EXP_LO), _CMP_LT_OQ), _mm512_setzero_ps());
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(DF_EXP_HI), _CMP_GT_OQ),
+                           _mm512_set1_ps(INFINITY));
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+void df_softmax_f32_avx512(float *x, int n, float scale) {
+    __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    /* max_ps(v, acc) returns acc where v is NaN: NaNs are skipped, as in C */
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), sc);
+        _mm512_storeu_ps(x + j, v);
+        mx = _mm512_max_ps(v, mx);
+    }
+    __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
+    if (j < n) {
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), sc);
+        _mm512_mask_storeu_ps(x + j, m, v);
+        mx = _mm512_mask_max_ps(mx, m, v, mx);
+    }
+    __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), lanes = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
+        _mm512_storeu_ps(x + j, e);
+        lanes = _mm512_add_ps(lanes, e);
+    }
+    if (j < n) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), mv));
+        _mm512_mask_storeu_ps(x + j, m, e);
+        lanes = _mm512_mask_add_ps(lanes, m, lanes, e);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / hsum16(lanes));
+    for (j = 0; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
+    if (j < n) _mm512_mask_storeu_ps(x + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), inv));
 }
 
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n) {

@@ -86,6 +86,7 @@ typedef struct df_mla_work {
     float *olat;          /* [rows][nh][kvl] attention-weighted latents */
     float *score;         /* [score_cap] */
     size_t score_cap;
+    int *len;             /* [rows][nh] positions each row-head sums over */
 } df_mla_work;
 
 df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx);

@@ -32,7 +32,8 @@ static size_t score_cap(const df_mla *a, int rows, int max_ctx) {
 uint64_t df_mla_work_bytes(const df_mla *a, int rows, int max_ctx) {
     size_t dim = (size_t)a->kvl + (size_t)a->rope;
     return sizeof(float) * ((uint64_t)rows * (uint64_t)a->nh * (dim + (uint64_t)a->kvl) +
-                            score_cap(a, rows, max_ctx));
+                            score_cap(a, rows, max_ctx)) +
+           sizeof(int) * (uint64_t)rows * (uint64_t)a->nh;
 }
 
 df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx) {
@@ -44,12 +45,13 @@ df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx) {
     w->olat = df_aligned_alloc(sizeof(float) * R * (size_t)a->kvl);
     w->score_cap = score_cap(a, rows, max_ctx);
     w->score = df_aligned_alloc(sizeof(float) * w->score_cap);
+    w->len = df_xcalloc(R, sizeof(int));
     return w;
 }
 
 void df_mla_work_free(df_mla_work *w) {
     if (!w) return;
-    free(w->qcat), free(w->olat), free(w->score);
+    free(w->qcat), free(w->olat), free(w->score), free(w->len);
     free(w);
 }
 
@@ -74,63 +76,43 @@ typedef struct {
     const float *cache;
 } mla_ctx;
 
-/* Heads [h0, h1): qcat = [W_UK^T q_nope | q_pe] for every row. A key row of
- * kv_b is widened once (a row-sized temporary, exact) and added into every
- * row's absorbed query, so the sum over the nope rows runs in row order
+/* Heads [h0, h1): qcat = [W_UK^T q_nope | q_pe] for every row. The latent part
+ * is df_axpy_rows over the head's nope key rows of kv_b (read once for all
+ * rows, widened in registers): each element sums the nope rows in row order,
  * whatever the batch. */
 static void absorb_heads(void *vctx, int h0, int h1) {
     const mla_ctx *c = vctx;
     const df_mla *a = c->a;
     int dim = a->kvl + a->rope, qd = a->nope + a->rope;
-    float wrow[a->kvl];
     for (int h = h0; h < h1; h++) {
         for (int t = 0; t < c->T; t++) {
             float *qc = c->w->qcat + ((size_t)t * a->nh + h) * dim;
             memset(qc, 0, sizeof(float) * (size_t)a->kvl);
             memcpy(qc + a->kvl, c->q + ((size_t)t * a->nh + h) * qd + a->nope, sizeof(float) * (size_t)a->rope);
         }
-        for (int n = 0; n < a->nope; n++) {
-            df_wview kr = rows_of(c->kv_b, h * (a->nope + a->v) + n, 1);
-            df_to_f32(wrow, kr.data, c->kv_b->t->dtype, (size_t)a->kvl);
-            for (int t = 0; t < c->T; t++)
-                df_axpy_f32(c->w->qcat + ((size_t)t * a->nh + h) * dim,
-                            c->q[((size_t)t * a->nh + h) * qd + n], wrow, a->kvl);
-        }
+        df_wview kr = rows_of(c->kv_b, h * (a->nope + a->v), a->nope);
+        df_axpy_rows(c->w->qcat + (size_t)h * dim, a->nh * dim, c->q + (size_t)h * qd, a->nh * qd, kr.data,
+                     c->kv_b->t->dtype, a->kvl, c->T, c->w->len, 0, a->kvl);
     }
 }
 
 /* Row-heads [i0, i1) of the group: scale, causal mask, softmax in place. */
 static void softmax_items(void *vctx, int i0, int i1) {
     const mla_ctx *c = vctx;
-    for (int i = i0; i < i1; i++) {
-        int t = c->g0 + i / c->a->nh, n = c->pos[t] + 1;
-        float *sc = c->w->score + (size_t)i * c->L, mx = -INFINITY, sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-            sc[j] *= c->a->scale;
-            if (sc[j] > mx) mx = sc[j];
-        }
-        for (int j = 0; j < n; j++) sum += sc[j] = expf(sc[j] - mx);
-        float inv = 1.0f / sum;
-        for (int j = 0; j < n; j++) sc[j] *= inv;
-    }
+    for (int i = i0; i < i1; i++)
+        df_softmax_f32(c->w->score + (size_t)i * c->L, c->pos[c->g0 + i / c->a->nh] + 1, c->a->scale);
 }
 
 /* Latent columns [c0, c1): o_lat = sum_j p_j latent_j over each row's
- * positions, in position order. */
+ * positions, in position order (df_axpy_rows: the cache is read once for all
+ * the group's row-heads). */
 static void latent_sum(void *vctx, int c0, int c1) {
     const mla_ctx *c = vctx;
     const df_mla *a = c->a;
     int dim = a->kvl + a->rope, nrh = c->gn * a->nh;
-    for (int i = 0; i < nrh; i++)
-        memset(c->w->olat + ((size_t)c->g0 * a->nh + i) * a->kvl + c0, 0, sizeof(float) * (size_t)(c1 - c0));
-    for (int j = 0; j < c->L; j++) {
-        const float *lat = c->cache + (size_t)j * dim + c0;
-        for (int i = 0; i < nrh; i++) {
-            if (c->pos[c->g0 + i / a->nh] < j) continue;
-            df_axpy_f32(c->w->olat + ((size_t)c->g0 * a->nh + i) * a->kvl + c0, c->w->score[(size_t)i * c->L + j],
-                        lat, c1 - c0);
-        }
-    }
+    float *olat = c->w->olat + (size_t)c->g0 * a->nh * a->kvl;
+    for (int i = 0; i < nrh; i++) memset(olat + (size_t)i * a->kvl + c0, 0, sizeof(float) * (size_t)(c1 - c0));
+    df_axpy_rows(olat, a->kvl, c->w->score, c->L, c->cache, DF_DT_F32, dim, nrh, c->w->len, c0, c1);
 }
 
 /* Heads [h0, h1): out = W_UV o_lat for every row. */
@@ -152,12 +134,15 @@ static void attend_group(df_pool *p, mla_ctx *c, int g0, int gn, int L) {
     df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, c->cache, NULL, L, dim};
     df_matmul(p, c->w->score, L, c->w->qcat + (size_t)g0 * a->nh * dim, dim, &cv, gn * a->nh);
     df_pool_for(p, gn * a->nh, 1, softmax_items, c);
-    df_pool_for(p, a->kvl, 16, latent_sum, c);
+    for (int i = 0; i < gn * a->nh; i++) c->w->len[i] = c->pos[g0 + i / a->nh] + 1;
+    /* whole 64-column tiles per thread where the width allows */
+    df_pool_for(p, a->kvl, a->kvl % 64 == 0 ? 64 : 16, latent_sum, c);
 }
 
 void df_mla_attend(df_pool *p, const df_batch *b, int li, const df_mla *a, const df_weight *kv_b,
                    const float *q, float *out, df_mla_work *w) {
     mla_ctx c = {.a = a, .kv_b = kv_b, .q = q, .w = w, .out = out, .T = b->n, .pos = b->pos};
+    for (int t = 0; t < b->n; t++) w->len[t] = a->nope; /* every row sums all nope key rows */
     df_pool_for(p, a->nh, 1, absorb_heads, &c);
     /* Rows of one sequence are consecutive: take them in groups whose scores
      * fit the buffer. */
