@@ -46,25 +46,36 @@ void df_pool_for(df_pool *p, int n, int align,
  *           row (BF16 and E8M0 scales). The scale grid is
  *           [ceil(rows/block_rows)][ceil(cols/block_cols)], row-major.
  *
- * Exactness contract for a scaled format (the formats issue implements it;
- * today the kernels compute F32, F16 and BF16 only, and loaders refuse the
- * rest with df_wfmt_computable):
+ * Exactness contract for a scaled format (F8_E4M3/F32, I4/BF16, E2M1/E8M0;
+ * df_wfmt_computable says which block shapes):
  *   1. An element decodes to w = fl(decode(q) * scale) in f32: decode(q) is
- *      exact in f32 (e4m3 subnormals and the 0x7F/0xFF NaNs included, the e2m1
- *      table, the INT4 offset), the scale is exact in f32 (F32, BF16 widened,
- *      E8M0 as ldexpf(1, s - 127)), and the one product is rounded to nearest
- *      even. It is exact for INT4 and MXFP4 (few significant bits) and one
- *      rounding for FP8 x F32. It is computed with a plain multiply, never
- *      fused into the accumulation.
+ *      exact in f32 (e4m3fn: sign, 4 exponent bits of bias 7, 3 mantissa bits,
+ *      e = 0 subnormal, 0x7F/0xFF NaN, no infinity; e2m1: bit 3 sign, bits 0-2
+ *      index {0, 0.5, 1, 1.5, 2, 3, 4, 6}; I4: the nibble minus 8), the scale
+ *      is exact in f32 (F32; BF16 widened; E8M0 s as ldexpf(1, s - 127), s = 0
+ *      the subnormal 2^-127, s = 255 NaN), and the one product is rounded to
+ *      nearest even. It is exact for INT4 and MXFP4 unless it overflows or
+ *      falls below 2^-126 (few significant bits), one rounding for FP8 x F32.
+ *      It is computed with a plain multiply, never fused into the
+ *      accumulation.
  *   2. w then enters the reduction below exactly as an F32 weight would: the
- *      same 16 lanes, element k in lane k % 16, the same tree. So the result
- *      does not depend on block or group boundaries, the batch size, the
- *      thread count or the ISA path, and a scaled row reduces in the order its
- *      dense equivalent would.
- *   3. Hugging Face's path materialises BF16 weights first (bf16(decode(q) *
- *      scale)); deltafin keeps the f32 product, so the two differ by that
- *      rounding and are compared with a tolerance, while deltafin's own paths
- *      agree bit for bit.
+ *      same 16 lanes, element k in lane k % 16, the same zero padding (+0
+ *      weights, not decoded padding) and the same tree. So the result does
+ *      not depend on block or group boundaries, the batch size, the thread
+ *      count or the ISA path, and a scaled matrix gives bit for bit what the
+ *      F32 matrix of its decoded weights (df_wview_decode_rows) gives. The
+ *      SIMD paths decode 16 values at a time in registers (bit operations
+ *      for e4m3, a 16-entry table already multiplied by the group's scale for
+ *      the 4-bit formats: a table entry is the same fl(decode(q) * scale));
+ *      nothing is widened into a copy of the matrix.
+ *   3. Hugging Face's path materialises BF16 weights first (the DeepSeek
+ *      reference's weight_dequant and compressed-tensors' decompression
+ *      produce bf16(decode(q) * scale), then a BF16 GEMM); deltafin keeps the
+ *      f32 product, which is the exact dequantized weight for INT4 and MXFP4
+ *      and within half an f32 ulp of it for FP8, where BF16 is within half a
+ *      BF16 ulp (2^-9 relative). The two therefore differ by that BF16
+ *      rounding (and the GEMM's own order) and are compared with a tolerance,
+ *      while deltafin's own paths agree bit for bit.
  */
 typedef enum df_elem {
     DF_EL_F32 = 0,
@@ -84,27 +95,62 @@ typedef struct df_wfmt {
     int block_rows, block_cols; /* 0 when scale is NONE */
 } df_wfmt;
 
-/* A matrix [rows][cols] in format fmt: the kernels' view of a weight. */
+/* A matrix [rows][cols] in format fmt: the kernels' view of a weight. A view
+ * of some rows of a scaled matrix (df_wview_rows) keeps the grid's layout:
+ * scale points at the grid row of the view's row 0, which is row row0 of its
+ * block of block_rows rows. */
 typedef struct df_wview {
     df_wfmt fmt;
     const void *data;  /* values, row-major, df_wfmt_row_bytes per row */
     const void *scale; /* the scale grid, or NULL when fmt.scale is NONE */
     int rows, cols;
+    int row0; /* 0 <= row0 < block_rows; 0 for a whole matrix */
 } df_wview;
 
 /* The unscaled format of a stored dtype (F32, F16, BF16, F8_E4M3); false if
  * the dtype is no weight format. */
 bool df_wfmt_of_dtype(df_dtype t, df_wfmt *out);
 const char *df_wfmt_name(df_wfmt f);     /* "BF16", "F8_E4M3/F32[128x128]" ... */
-bool df_wfmt_computable(df_wfmt f);      /* the kernels implement it */
+/* The kernels implement it: F32, F16, BF16, and the three scaled formats
+ * (F8_E4M3/F32, I4/BF16, E2M1/E8M0) with blocks of block_rows >= 1 rows and
+ * block_cols a positive multiple of 16 columns (as shipped: 128x128, 1x32). */
+bool df_wfmt_computable(df_wfmt f);
 size_t df_wfmt_row_bytes(df_wfmt f, int cols);
 uint64_t df_wfmt_bytes(df_wfmt f, int rows, int cols);       /* the values */
 uint64_t df_wfmt_scale_bytes(df_wfmt f, int rows, int cols); /* the scale grid */
 static inline df_wview df_wview_make(const void *data, df_dtype t, int rows, int cols) {
-    df_wview v = {{DF_EL_F32, DF_SC_NONE, 0, 0}, data, NULL, rows, cols};
+    df_wview v = {{DF_EL_F32, DF_SC_NONE, 0, 0}, data, NULL, rows, cols, 0};
     df_wfmt_of_dtype(t, &v.fmt);
     return v;
 }
+
+/* The formats as shipped: DeepSeek-V3/R1 and Kimi K2 FP8 (e4m3 values, F32
+ * "weight_scale_inv" per 128x128 block, multiplied); compressed-tensors
+ * "pack-quantized" INT4 (BF16 scale per 32 along a row; the checkpoint's I32
+ * words [out][in/8] read as little-endian bytes are the I4 layout above);
+ * MXFP4 "mxfp4-pack-quantized" (E8M0 scale per 32 along a row). */
+static inline df_wfmt df_wfmt_fp8_block(void) { return (df_wfmt){DF_EL_F8_E4M3, DF_SC_F32, 128, 128}; }
+static inline df_wfmt df_wfmt_int4_group(void) { return (df_wfmt){DF_EL_I4, DF_SC_BF16, 1, 32}; }
+static inline df_wfmt df_wfmt_mxfp4(void) { return (df_wfmt){DF_EL_E2M1, DF_SC_E8M0, 1, 32}; }
+
+/* A scaled matrix: values and the scale grid (df_wfmt_scale_bytes) as shipped. */
+static inline df_wview df_wview_scaled(df_wfmt f, const void *data, const void *scale, int rows, int cols) {
+    df_wview v = {f, data, scale, rows, cols, 0};
+    return v;
+}
+/* Rows [r0, r0 + n) of v (any format; the scale grid follows). */
+df_wview df_wview_rows(const df_wview *v, int r0, int n);
+/* Rows [r0, r0 + n) of v decoded exactly to F32 (dst[n][cols]): the w of the
+ * contract, which is also what df_matmul multiplies by. For callers that need
+ * a row as numbers (an absorbed attention head); never a whole matrix. */
+void df_wview_decode_rows(float *dst, const df_wview *v, int r0, int n);
+
+/* The element and scale decodings of the contract, one value at a time (the
+ * definitions that the SIMD paths reproduce). */
+float df_e4m3_to_f32(uint8_t b);
+float df_e2m1_to_f32(unsigned nibble); /* low 4 bits */
+float df_i4_to_f32(unsigned nibble);   /* low 4 bits, minus 8 */
+float df_e8m0_to_f32(uint8_t s);
 
 /* ---- products ----------------------------------------------------------- */
 /* y[t*ldy + n] = sum_k w[n][k] * x[t*ldx + k], for t < T, n < w->rows, over

@@ -13,7 +13,7 @@
  * Files compiled without ISA flags (this one) call fmaf(), which glibc runs as
  * a single FMA instruction where the CPU has one and emulates exactly where not.
  */
-#include "kernels/kernels.h"
+#include "kernels/scaled.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -90,6 +90,29 @@ static void matmul_rows_c(float *y, int ldy, const float *x, int ldx, const void
         const void *row = (const char *)w + (size_t)n * (size_t)K * es;
         for (int t = 0; t < T; t++)
             y[(size_t)t * ldy + n] = dot_c(row, wt, x + (size_t)t * ldx, K);
+    }
+}
+
+/* The scaled formats: each chunk of 16 weights is decoded once (the
+ * definition, df_qdecode16_c) and used for up to 8 tokens at a time. */
+void df_qrows_c(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1) {
+    const int K = w->cols, kp = (K + 15) & ~15;
+    size_t rb = df_wfmt_row_bytes(w->fmt, K);
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)n * rb, *srow = df_scale_row(w, n);
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            int nt = T - t0 < 8 ? T - t0 : 8;
+            float lanes[8][16] = {{0}}, wv[16];
+            for (int k0 = 0; k0 < kp; k0 += 16) {
+                df_qdecode16_c(wv, w, row, srow, k0);
+                for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (size_t)(t0 + t) * ldx;
+                    for (int i = 0; i < 16; i++)
+                        lanes[t][i] = fmaf(wv[i], k0 + i < K ? xt[k0 + i] : 0.0f, lanes[t][i]);
+                }
+            }
+            for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * ldy + n] = reduce16(lanes[t]);
+        }
     }
 }
 
@@ -186,8 +209,22 @@ static rows_fn rows_for(df_isa isa) {
     return matmul_rows_c;
 }
 
-/* The stored dtype a computable format's values are read as. */
+typedef void (*qrows_fn)(float *, int, const float *, int, const df_wview *, int, int, int);
+
+static qrows_fn qrows_for(df_isa isa) {
+#if DF_HAVE_X86
+    if (isa == DF_ISA_AVX512) return df_qrows_avx512;
+    if (isa == DF_ISA_AVX2) return df_qrows_avx2;
+#else
+    (void)isa;
+#endif
+    return df_qrows_c;
+}
+
+/* The stored dtype a dense format's values are read as; DF_DT_COUNT for a
+ * scaled format. */
 static df_dtype dense_dtype(const df_wview *w) {
+    if (w->fmt.scale != DF_SC_NONE && df_wfmt_computable(w->fmt) && w->scale) return DF_DT_COUNT;
     switch (w->fmt.scale == DF_SC_NONE ? w->fmt.elem : DF_EL_COUNT) {
     case DF_EL_F32: return DF_DT_F32;
     case DF_EL_F16: return DF_DT_F16;
@@ -204,84 +241,35 @@ void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *
                     int n1) {
     df_dtype wt = dense_dtype(w);
     if (T <= 0 || n1 <= n0 || w->cols < 0) return;
-    rows_for(df_isa_get())(y, ldy, x, ldx, w->data, wt, T, n0, n1, w->cols);
+    if (wt == DF_DT_COUNT) qrows_for(df_isa_get())(y, ldy, x, ldx, w, T, n0, n1);
+    else rows_for(df_isa_get())(y, ldy, x, ldx, w->data, wt, T, n0, n1, w->cols);
 }
 
 struct mm_ctx {
     rows_fn rows;
+    qrows_fn qrows;
     float *y;
     const float *x;
-    const void *w;
+    const df_wview *v;
     df_dtype wt;
-    int ldy, ldx, T, K;
+    int ldy, ldx, T;
 };
 
 static void mm_task(void *arg, int n0, int n1) {
     const struct mm_ctx *c = arg;
-    c->rows(c->y, c->ldy, c->x, c->ldx, c->w, c->wt, c->T, n0, n1, c->K);
+    if (c->qrows) c->qrows(c->y, c->ldy, c->x, c->ldx, c->v, c->T, n0, n1);
+    else c->rows(c->y, c->ldy, c->x, c->ldx, c->v->data, c->wt, c->T, n0, n1, c->v->cols);
 }
 
 void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const df_wview *w, int T) {
     df_dtype wt = dense_dtype(w);
     if (T <= 0 || w->rows <= 0 || w->cols < 0) return;
     /* One path for the whole call, even if df_isa_set races with it. */
-    struct mm_ctx c = {rows_for(df_isa_get()), y, x, w->data, wt, ldy, ldx, T, w->cols};
+    df_isa isa = df_isa_get();
+    struct mm_ctx c = {rows_for(isa), wt == DF_DT_COUNT ? qrows_for(isa) : NULL, y, x, w, wt, ldy, ldx, T};
     /* 16 rows: whole register tiles, and 64 bytes of each output row, so two
      * threads never write the same cache line of y (when y is 64-aligned). */
     df_pool_for(pool, w->rows, 16, mm_task, &c);
-}
-
-/* ---- weight formats ------------------------------------------------------ */
-
-static const char *const ELEM_NAMES[DF_EL_COUNT] = {"F32", "F16", "BF16", "F8_E4M3", "I4", "E2M1"};
-static const char *const SCALE_NAMES[] = {"", "F32", "BF16", "E8M0"};
-
-bool df_wfmt_of_dtype(df_dtype t, df_wfmt *out) {
-    df_wfmt f = {DF_EL_F32, DF_SC_NONE, 0, 0};
-    switch (t) {
-    case DF_DT_F32: f.elem = DF_EL_F32; break;
-    case DF_DT_F16: f.elem = DF_EL_F16; break;
-    case DF_DT_BF16: f.elem = DF_EL_BF16; break;
-    case DF_DT_F8_E4M3: f.elem = DF_EL_F8_E4M3; break;
-    default: return false;
-    }
-    *out = f;
-    return true;
-}
-
-const char *df_wfmt_name(df_wfmt f) {
-    static __thread char buf[48];
-    const char *e = (unsigned)f.elem < DF_EL_COUNT ? ELEM_NAMES[f.elem] : "?";
-    if (f.scale == DF_SC_NONE) return e;
-    snprintf(buf, sizeof buf, "%s/%s[%dx%d]", e, (unsigned)f.scale <= DF_SC_E8M0 ? SCALE_NAMES[f.scale] : "?",
-             f.block_rows, f.block_cols);
-    return buf;
-}
-
-bool df_wfmt_computable(df_wfmt f) {
-    return f.scale == DF_SC_NONE && (f.elem == DF_EL_F32 || f.elem == DF_EL_F16 || f.elem == DF_EL_BF16);
-}
-
-size_t df_wfmt_row_bytes(df_wfmt f, int cols) {
-    size_t c = cols > 0 ? (size_t)cols : 0;
-    switch (f.elem) {
-    case DF_EL_F32: return 4 * c;
-    case DF_EL_F16: case DF_EL_BF16: return 2 * c;
-    case DF_EL_F8_E4M3: return c;
-    default: return (c + 1) / 2; /* two 4-bit values per byte */
-    }
-}
-
-uint64_t df_wfmt_bytes(df_wfmt f, int rows, int cols) {
-    return (uint64_t)(rows > 0 ? rows : 0) * df_wfmt_row_bytes(f, cols);
-}
-
-uint64_t df_wfmt_scale_bytes(df_wfmt f, int rows, int cols) {
-    if (f.scale == DF_SC_NONE || f.block_rows <= 0 || f.block_cols <= 0 || rows <= 0 || cols <= 0) return 0;
-    uint64_t gr = ((uint64_t)rows + (uint64_t)f.block_rows - 1) / (uint64_t)f.block_rows;
-    uint64_t gc = ((uint64_t)cols + (uint64_t)f.block_cols - 1) / (uint64_t)f.block_cols;
-    uint64_t es = f.scale == DF_SC_F32 ? 4 : f.scale == DF_SC_BF16 ? 2 : 1;
-    return gr * gc * es;
 }
 
 float df_dot_f32(const float *a, const float *b, int n) {

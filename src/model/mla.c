@@ -131,7 +131,7 @@ static void attend_group(df_pool *p, mla_ctx *c, int g0, int gn, int L) {
     const df_mla *a = c->a;
     int dim = a->kvl + a->rope;
     c->g0 = g0, c->gn = gn, c->L = L;
-    df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, c->cache, NULL, L, dim};
+    df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, c->cache, NULL, L, dim, 0};
     df_matmul(p, c->w->score, L, c->w->qcat + (size_t)g0 * a->nh * dim, dim, &cv, gn * a->nh);
     df_pool_for(p, gn * a->nh, 1, softmax_items, c);
     for (int i = 0; i < gn * a->nh; i++) c->w->len[i] = c->pos[g0 + i / a->nh] + 1;

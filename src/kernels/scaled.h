@@ -1,0 +1,61 @@
+/*
+ * scaled.h - internal to the kernels room: what the paths of the scaled
+ * formats (kernels.h: FP8 blocks, INT4 and MXFP4 groups) share: where a row's
+ * scales are, the scales' values, and each ISA path's entry points.
+ */
+#ifndef DF_KERNELS_SCALED_H
+#define DF_KERNELS_SCALED_H
+
+#include "kernels/kernels.h"
+
+#include <string.h>
+
+static inline size_t df_sc_size(df_scale_type t) { return t == DF_SC_F32 ? 4 : t == DF_SC_BF16 ? 2 : 1; }
+
+/* The scale grid row (bytes) that row n of the view uses. */
+static inline const uint8_t *df_scale_row(const df_wview *w, int n) {
+    size_t gc = ((size_t)w->cols + (size_t)w->fmt.block_cols - 1) / (size_t)w->fmt.block_cols;
+    size_t gr = (size_t)(w->row0 + n) / (size_t)w->fmt.block_rows;
+    return (const uint8_t *)w->scale + gr * gc * df_sc_size(w->fmt.scale);
+}
+
+/* E8M0 as F32 bits, 2^(s - 127): s = 0 is the subnormal 2^-127, s = 255 NaN.
+ * The SIMD paths' form of df_e8m0_to_f32 (which uses ldexpf); the tests check
+ * the two agree on all 256 values. */
+static inline uint32_t df_e8m0_bits(uint8_t s) {
+    return s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : (uint32_t)s << 23;
+}
+
+/* Scale j of a grid row as F32, the SIMD paths' form (exact widening). */
+static inline float df_scale_at(const uint8_t *srow, df_scale_type t, int j) {
+    uint32_t u;
+    if (t == DF_SC_F32) {
+        memcpy(&u, srow + 4 * (size_t)j, 4);
+    } else if (t == DF_SC_BF16) {
+        uint16_t h;
+        memcpy(&h, srow + 2 * (size_t)j, 2);
+        u = (uint32_t)h << 16;
+    } else {
+        u = df_e8m0_bits(srow[j]);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The portable definition: w for elements [k0, k0 + 16) of a row (values at
+ * row, scales at srow), +0 past the row's end. */
+void df_qdecode16_c(float w[16], const df_wview *v, const uint8_t *row, const uint8_t *srow, int k0);
+
+/* Products over rows [n0, n1) of a scaled view, per path (same contract as
+ * df_matmul_rows), and the exact decoding of rows [r0, r0 + n). */
+void df_qrows_c(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1);
+void df_qdecode_c(float *dst, const df_wview *w, int r0, int n);
+#if defined(__x86_64__) || defined(__i386__)
+void df_qrows_avx2(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1);
+void df_qdecode_avx2(float *dst, const df_wview *w, int r0, int n);
+void df_qrows_avx512(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1);
+void df_qdecode_avx512(float *dst, const df_wview *w, int r0, int n);
+#endif
+
+#endif

@@ -1,0 +1,320 @@
+/*
+ * scaled_avx2.c - the AVX2+FMA path of the scaled formats (kernels.h):
+ * products and the exact decoding of rows. Compiled with those flags; only
+ * called when isa.c found CPU and OS support.
+ *
+ * As in matmul_avx2.c, the contract's 16 lanes are two __m256 accumulators
+ * per output (elements 16i..16i+7 in `lo`, 16i+8..16i+15 in `hi`), reduced by
+ * the same tree, so results match the C and AVX-512 paths bit for bit. The
+ * decodings are those of scaled_avx512.c (see there why they are exact), in
+ * 8-lane form:
+ *  - e4m3: sign-extend, shift left 20, mask 0x87f00000, times the block scale
+ *    pre-multiplied by 2^120 (or the two-multiply form for |s| >= 2^8); a byte
+ *    compare per 32 values finds NaN codes, and only then are they blended in.
+ *  - INT4 and E2M1: vpermps reads only 3 index bits, so the 16-entry table is
+ *    two scaled 8-entry halves (nibbles 0-7 and 8-15) and the nibble's bit 3,
+ *    shifted into the sign bit, picks one with vblendvps.
+ * The tail (K % 16 values) is decoded from a zeroed copy of its bytes and
+ * masked to +0 past the row's end.
+ *
+ * Tiles: T == 1 does 4 rows at once (8 accumulators) with the software
+ * prefetch of matmul_avx2.c; T > 1 a 2-row x 2-token tile (8 accumulators and
+ * the rows' tables within the 16 registers).
+ */
+#include "kernels/scaled.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+#define INL static inline __attribute__((always_inline))
+
+#define QG 4 /* rows per group, T == 1 */
+#define QN 2 /* rows per tile, T > 1 */
+#define QT 2 /* tokens per tile, T > 1 */
+#define QMAX 4
+
+enum { FP8 = DF_EL_F8_E4M3, I4 = DF_EL_I4, E2M1 = DF_EL_E2M1 };
+
+/* A row's state for one scale block: FP8: the broadcast scale (times 2^120
+ * unless two); 4-bit: the scaled table halves. */
+typedef struct {
+    __m256 a, b;
+} qstate;
+
+INL qstate make_state(int el, float s, int two) {
+    qstate q;
+    __m256 sv = _mm256_set1_ps(s);
+    if (el == FP8) {
+        q.a = q.b = _mm256_set1_ps(two ? s : s * 0x1p120f);
+    } else if (el == I4) {
+        q.a = _mm256_mul_ps(_mm256_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f), sv);
+        q.b = _mm256_mul_ps(_mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f), sv);
+    } else {
+        q.a = _mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sv);
+        q.b = _mm256_mul_ps(_mm256_setr_ps(-0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f), sv);
+    }
+    return q;
+}
+
+/* 8 weights at column k (a multiple of 8) of a row (p: the row's bytes or a
+ * zeroed copy of its tail). nanchk: FP8 lanes may hold NaN codes. */
+INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanchk) {
+    if (el == FP8) {
+        __m256i t = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))), 20);
+        t = _mm256_and_si256(t, _mm256_set1_epi32((int)0x87f00000u));
+        __m256 f = _mm256_castsi256_ps(t);
+        if (two) f = _mm256_mul_ps(f, _mm256_set1_ps(0x1p120f));
+        __m256 w = _mm256_mul_ps(f, st.a);
+        if (nanchk) {
+            __m256i mag = _mm256_and_si256(t, _mm256_set1_epi32(0x7ff00000));
+            __m256 nm = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x07f00000)));
+            w = _mm256_blendv_ps(w, _mm256_set1_ps(NAN), nm);
+        }
+        return w;
+    }
+    int32_t b4;
+    memcpy(&b4, row + (k >> 1), 4);
+    __m256i q = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(b4));
+    __m256i idx = _mm256_or_si256(q, _mm256_slli_epi64(q, 28));
+    __m256 lo = _mm256_permutevar8x32_ps(st.a, idx), hi = _mm256_permutevar8x32_ps(st.b, idx);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* The state of each row for block column j; returns `two` (FP8 only). */
+INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, int j, int el, int RN) {
+    float s[QMAX];
+    int two = 0;
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        s[r] = df_scale_at(srow[r], sct, j);
+        if (el == FP8) two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p120f);
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) st[r] = make_state(el, s[r], two);
+    return two;
+}
+
+/* NaN codes among the n (16 or 32) FP8 bytes at p of each row */
+INL int fp8_has_nan(const uint8_t *w, size_t rs, int k, int RN, int n) {
+    int any = 0;
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        const uint8_t *p = w + r * rs + k;
+        if (n == 32) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)p);
+            any |= _mm256_movemask_epi8(
+                _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi8((char)0x80)), _mm256_set1_epi8(-1)));
+        } else {
+            __m128i b = _mm_loadu_si128((const __m128i *)p);
+            any |= _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8(-1)));
+        }
+    }
+    return any;
+}
+
+/* acc[r][t] += w(row r, 16 values at k) * x[t][k..k+15]. tail: the rows are
+ * zeroed copies and only rem < 16 values are real. */
+INL void qstep(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
+               int k, int el, int RN, int RT, int two, int nanchk, int tail, int rem) {
+    __m256 wv[QMAX][2];
+    __m256 keep[2];
+    if (tail) {
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        keep[0] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane));
+        keep[1] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem - 8), lane));
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            wv[r][h] = dec8(el, w + r * rs, k + 8 * h, st[r], two, nanchk);
+            if (tail) wv[r][h] = _mm256_and_ps(wv[r][h], keep[h]);
+        }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++)
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + k + 8 * h);
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++) acc[r][t][h] = _mm256_fmadd_ps(wv[r][h], xv, acc[r][t][h]);
+        }
+}
+
+/* The last rem < 16 values of a block: from zeroed copies of the rows' bytes
+ * and of the activations. */
+INL void qtail(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
+               int k, int rem, int el, int RN, int RT, int two) {
+    _Alignas(32) uint8_t wb[QMAX][16];
+    _Alignas(32) float xb[QT][16];
+    size_t nb = el == FP8 ? (size_t)rem : (size_t)(rem + 1) / 2, off = el == FP8 ? (size_t)k : (size_t)k / 2;
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        memset(wb[r], 0, 16);
+        memcpy(wb[r], w + r * rs + off, nb);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++) {
+        memset(xb[t], 0, sizeof xb[t]);
+        memcpy(xb[t], x + (size_t)t * ldx + k, (size_t)rem * 4);
+    }
+    qstep(acc, &xb[0][0], 16, &wb[0][0], 16, st, 0, el, RN, RT, two, 1, 1, rem);
+}
+
+/* Columns [kb, ke) of one scale block. */
+INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
+                int kb, int ke, int el, int RN, int RT, int two) {
+    int k = kb;
+    if (el == FP8) {
+        for (; k + 32 <= ke; k += 32) {
+            int nan = fp8_has_nan(w, rs, k, RN, 32);
+            if (__builtin_expect(!nan, 1)) {
+                qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 0, 16);
+                qstep(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, two, 0, 0, 16);
+            } else {
+                qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 0, 16);
+                qstep(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, two, 1, 0, 16);
+            }
+        }
+        if (k + 16 <= ke) {
+            int nan = fp8_has_nan(w, rs, k, RN, 16);
+            if (__builtin_expect(!nan, 1)) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 0, 16);
+            else qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 0, 16);
+            k += 16;
+        }
+    } else {
+        for (; k + 16 <= ke; k += 16) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, 0, 0, 0, 16);
+    }
+    if (k < ke) qtail(acc, x, ldx, w, rs, st, k, ke - k, el, RN, RT, two);
+}
+
+/* lo + hi is lanes[i] += lanes[i+8]; then +4, +2, +1 (as matmul_avx2.c) */
+INL float hsum2x8(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
+INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+               const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int RT, int pf) {
+    __m256 acc[QMAX][QT][2];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
+        int ke = K - kb < bc ? K : kb + bc;
+        if (pf) {
+            int b0 = el == FP8 ? kb : kb >> 1, b1 = el == FP8 ? ke : (ke + 1) >> 1;
+            for (int o = (b0 + 63) & ~63; o < b1; o += 64)
+                #pragma GCC unroll 8
+                for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
+        }
+        qstate st[QMAX];
+        if (block_state(st, srow, sct, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
+        else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum2x8(acc[r][t][0], acc[r][t][1]);
+}
+
+_Static_assert(QT == 2, "qstrip() has a case for each leftover count 1..QT-1");
+INL void qstrip(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+                const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int nt) {
+    int t = 0, tf = nt - nt % QT;
+    for (; t < tf; t += QT) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0);
+    if (nt > tf) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0);
+}
+
+INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1, int el) {
+    const uint8_t *w = v->data;
+    const int K = v->cols, bc = v->fmt.block_cols;
+    const size_t rs = df_wfmt_row_bytes(v->fmt, K);
+    const df_scale_type sct = v->fmt.scale;
+    const uint8_t *sr[QMAX];
+    if (T == 1) {
+        int pf = QG * rs <= (32u << 10) ? (int)(QG * rs) : 2048;
+        int n = n0;
+        for (; n + QG <= n1; n += QG) {
+            for (int r = 0; r < QG; r++) sr[r] = df_scale_row(v, n + r);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, QG, 1, pf);
+        }
+        for (; n < n1; n++) {
+            sr[0] = df_scale_row(v, n);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0);
+        }
+        return;
+    }
+    int tb = (int)(((size_t)192 << 10) / ((size_t)(K ? K : 1) * 4));
+    tb = tb < QT ? QT : tb - tb % QT;
+    for (int t0 = 0; t0 < T; t0 += tb) {
+        int nt = t0 + tb < T ? tb : T - t0;
+        const float *xb = x + (size_t)t0 * ldx;
+        float *yb = y + (size_t)t0 * ldy;
+        int n = n0;
+        for (; n + QN <= n1; n += QN) {
+            for (int r = 0; r < QN; r++) sr[r] = df_scale_row(v, n + r);
+            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, sct, K, bc, el, QN, nt);
+        }
+        for (; n < n1; n++) {
+            sr[0] = df_scale_row(v, n);
+            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, nt);
+        }
+    }
+}
+
+static void qrows_fp8(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1) {
+    qrows(y, ldy, x, ldx, v, T, n0, n1, FP8);
+}
+static void qrows_i4(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1) {
+    qrows(y, ldy, x, ldx, v, T, n0, n1, I4);
+}
+static void qrows_e2m1(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1) {
+    qrows(y, ldy, x, ldx, v, T, n0, n1, E2M1);
+}
+
+void df_qrows_avx2(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1) {
+    switch ((int)w->fmt.elem) {
+    case FP8: qrows_fp8(y, ldy, x, ldx, w, T, n0, n1); break;
+    case I4: qrows_i4(y, ldy, x, ldx, w, T, n0, n1); break;
+    default: qrows_e2m1(y, ldy, x, ldx, w, T, n0, n1); break;
+    }
+}
+
+INL void qdecode(float *dst, const df_wview *v, int r0, int n, int el) {
+    const int K = v->cols, bc = v->fmt.block_cols;
+    const size_t rs = df_wfmt_row_bytes(v->fmt, K);
+    for (int i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)v->data + (size_t)(r0 + i) * rs, *srow = df_scale_row(v, r0 + i);
+        float *d = dst + (size_t)i * (size_t)K;
+        for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
+            int ke = K - kb < bc ? K : kb + bc, k = kb;
+            qstate st;
+            int two = block_state(&st, &srow, v->fmt.scale, j, el, 1);
+            for (; k + 8 <= ke; k += 8) _mm256_storeu_ps(d + k, dec8(el, row, k, st, two, 1));
+            if (k < ke) {
+                /* k is a multiple of 8: the bytes of 8 values from a zeroed copy */
+                _Alignas(32) uint8_t wb[8] = {0};
+                _Alignas(32) float f[8];
+                if (el == FP8) memcpy(wb, row + k, (size_t)(ke - k));
+                else memcpy(wb, row + k / 2, (size_t)(ke - k + 1) / 2);
+                _mm256_storeu_ps(f, dec8(el, wb, 0, st, two, 1));
+                memcpy(d + k, f, sizeof(float) * (size_t)(ke - k));
+            }
+        }
+    }
+}
+
+void df_qdecode_avx2(float *dst, const df_wview *w, int r0, int n) {
+    switch ((int)w->fmt.elem) {
+    case FP8: qdecode(dst, w, r0, n, FP8); break;
+    case I4: qdecode(dst, w, r0, n, I4); break;
+    default: qdecode(dst, w, r0, n, E2M1); break;
+    }
+}
+
+#endif

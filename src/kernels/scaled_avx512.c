@@ -1,0 +1,280 @@
+/*
+ * scaled_avx512.c - the AVX-512 path of the scaled formats (kernels.h: FP8
+ * e4m3 with F32 block scales, INT4 with BF16 and E2M1 with E8M0 group scales):
+ * products and the exact decoding of rows. Compiled with the AVX-512 flags;
+ * only called when isa.c found CPU and OS support.
+ *
+ * Each chunk of 16 values is decoded in registers into the 16 weights
+ * w = fl(decode(q) * scale) of the contract, which then go into one __m512
+ * accumulator per output exactly as F32 weights do in matmul_avx512.c (lane j
+ * sums elements k = j mod 16, zero-masked tail, the same hsum16 tree). So the
+ * results are bit-identical to the C path (matmul.c, df_qdecode16_c).
+ *
+ * Decoding, per format:
+ *  - e4m3: the sign-extended byte shifted left 20 and masked to 0x87f00000 is
+ *    the F32 with e4m3's sign, exponent field and mantissa in place, which is
+ *    decode(q) * 2^-120 exactly (e = 0 lands on F32 subnormals, so e4m3
+ *    subnormals come out right). The block's scale is pre-multiplied by 2^120:
+ *    fl(f * (s * 2^120)) rounds the same real number as fl(decode(q) * s), so
+ *    it is the same w, provided s * 2^120 is exact, i.e. finite (|s| < 2^8) or
+ *    s itself is not finite. A block with a larger finite scale takes the
+ *    two-multiply form (f * 2^120, exact, then * s). 0x7F/0xFF (NaN) are found
+ *    with one byte compare per 64 values; only a group that has one blends
+ *    NaN into its lanes.
+ *  - INT4 and E2M1: a 16-entry table of decode(q), multiplied by the group's
+ *    scale once per group (each entry is then fl(decode(q) * scale)), looked up
+ *    with vpermps, which reads the low 4 bits of each index lane: 8 bytes
+ *    zero-extended to 8 qwords, OR'ed with themselves shifted left by 28,
+ *    put byte i's low nibble in lane 2i and its high nibble in lane 2i+1.
+ *
+ * Tiles as in matmul_avx512.c: T == 1 does 4 rows at once with a software
+ * prefetch of the next group; T > 1 a 4-row x 4-token tile (16 accumulators,
+ * 4 tables or scales, 4 weights: fits the 32 registers).
+ */
+#include "kernels/scaled.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+#define INL static inline __attribute__((always_inline))
+
+#define QN 4 /* rows per tile (T == 1 and T > 1) */
+#define QT 4 /* tokens per tile (T > 1) */
+
+enum { FP8 = DF_EL_F8_E4M3, I4 = DF_EL_I4, E2M1 = DF_EL_E2M1 };
+
+INL __m512 base_table(int el) {
+    if (el == I4)
+        return _mm512_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f, 0.0f, 1.0f, 2.0f, 3.0f,
+                              4.0f, 5.0f, 6.0f, 7.0f);
+    return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
+                          -3.0f, -4.0f, -6.0f);
+}
+
+/* 16 weights at column k (a multiple of 16) of a row; st: the row's block
+ * state (FP8: the broadcast scale, times 2^120 unless two; 4-bit: the scaled
+ * table). nanchk: FP8 lanes may hold NaN codes. tail: only rem < 16 values
+ * are left (masked loads; the other lanes are +0). */
+INL __m512 dec16(int el, const uint8_t *row, int k, __m512 st, int two, int nanchk, int tail, int rem) {
+    __mmask16 m = tail ? (__mmask16)((1u << rem) - 1) : (__mmask16)0xffff;
+    __m512 w;
+    if (el == FP8) {
+        __m128i b = tail ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
+        __m512i t = _mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20);
+        __m512 f = _mm512_castsi512_ps(_mm512_and_si512(t, _mm512_set1_epi32((int)0x87f00000u)));
+        if (two) f = _mm512_mul_ps(f, _mm512_set1_ps(0x1p120f));
+        w = _mm512_mul_ps(f, st);
+        if (nanchk) {
+            __mmask16 nm = _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8(-1));
+            if (nm) w = _mm512_mask_mov_ps(w, nm, _mm512_set1_ps(NAN));
+        }
+    } else {
+        const uint8_t *p = row + (k >> 1);
+        __m128i b = tail ? _mm_maskz_loadu_epi8((__mmask16)((1u << ((rem + 1) >> 1)) - 1), p)
+                         : _mm_loadl_epi64((const __m128i *)p);
+        __m512i q = _mm512_cvtepu8_epi64(b);
+        w = _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), st);
+    }
+    return tail ? _mm512_maskz_mov_ps(m, w) : w;
+}
+
+/* The block state of each row for block column j; returns `two` (FP8 only). */
+INL int block_state(__m512 *st, const uint8_t *const *srow, df_scale_type sct, int j, int el, int RN) {
+    if (el != FP8) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++)
+            st[r] = _mm512_mul_ps(base_table(el), _mm512_set1_ps(df_scale_at(srow[r], sct, j)));
+        return 0;
+    }
+    float s[QN];
+    int two = 0;
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        s[r] = df_scale_at(srow[r], DF_SC_F32, j);
+        two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p120f);
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) st[r] = _mm512_set1_ps(two ? s[r] : s[r] * 0x1p120f);
+    return two;
+}
+
+/* acc[r][t] += w(row r, chunk k) * x[t][chunk k] */
+INL void qstep(__m512 acc[QN][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
+               int k, int el, int RN, int RT, int two, int nanchk, int tail, int rem) {
+    __m512 wv[QN];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) wv[r] = dec16(el, w + r * rs, k, st[r], two, nanchk, tail, rem);
+    __mmask16 m = tail ? (__mmask16)((1u << rem) - 1) : (__mmask16)0xffff;
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++) {
+        const float *xp = x + (size_t)t * ldx + k;
+        __m512 xv = tail ? _mm512_maskz_loadu_ps(m, xp) : _mm512_loadu_ps(xp);
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+}
+
+/* Columns [kb, ke) of one scale block. */
+INL void qblock(__m512 acc[QN][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
+                int kb, int ke, int el, int RN, int RT, int two) {
+    int k = kb;
+    if (el == FP8) {
+        /* 64 values at a time: one NaN test for all of them */
+        for (; k + 64 <= ke; k += 64) {
+            __mmask64 nan = 0;
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++) {
+                __m512i b = _mm512_loadu_si512(w + r * rs + k);
+                nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(b, _mm512_set1_epi8((char)0x80)),
+                                              _mm512_set1_epi8(-1));
+            }
+            if (__builtin_expect(nan == 0, 1)) {
+                #pragma GCC unroll 4
+                for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 0, 0, 16);
+            } else {
+                #pragma GCC unroll 4
+                for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 1, 0, 16);
+            }
+        }
+    }
+    for (; k + 16 <= ke; k += 16) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 0, 16);
+    if (k < ke) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 1, ke - k);
+}
+
+/* lanes[i] += lanes[i+8]; +4; +2; +1 -> lane 0 (as matmul_avx512.c) */
+INL float hsum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
+/* y[t][r] for RN rows at w (stride rs bytes; scale rows srow), RT tokens. */
+INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+               const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int RT, int pf) {
+    __m512 acc[QN][QT];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
+        int ke = K - kb < bc ? K : kb + bc;
+        if (pf) {
+            /* each 64-byte line of this block, once, in the row group pf bytes on */
+            int b0 = el == FP8 ? kb : kb >> 1, b1 = el == FP8 ? ke : (ke + 1) >> 1;
+            for (int o = (b0 + 63) & ~63; o < b1; o += 64)
+                #pragma GCC unroll 8
+                for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
+        }
+        __m512 st[QN];
+        if (block_state(st, srow, sct, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
+        else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum16(acc[r][t]);
+}
+
+/* RN rows for nt tokens: full QT-token tiles, then one tile for the rest. */
+_Static_assert(QT == 4, "qstrip() has a case for each leftover count 1..QT-1");
+INL void qstrip(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+                const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int nt) {
+    int t = 0, tf = nt - nt % QT;
+    for (; t < tf; t += QT) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0);
+    float *yt = y + (size_t)t * ldy;
+    const float *xt = x + (size_t)t * ldx;
+    switch (nt - tf) {
+    case 3: qtile(yt, ldy, xt, ldx, w, rs, srow, sct, K, bc, el, RN, 3, 0); break;
+    case 2: qtile(yt, ldy, xt, ldx, w, rs, srow, sct, K, bc, el, RN, 2, 0); break;
+    case 1: qtile(yt, ldy, xt, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0); break;
+    default: break;
+    }
+}
+
+INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1, int el) {
+    const uint8_t *w = v->data;
+    const int K = v->cols, bc = v->fmt.block_cols;
+    const size_t rs = df_wfmt_row_bytes(v->fmt, K);
+    const df_scale_type sct = v->fmt.scale;
+    const uint8_t *sr[QN];
+    if (T == 1) {
+        /* prefetch: see matmul_avx512.c */
+        int pf = QN * rs <= (32u << 10) ? (int)(QN * rs) : 2048;
+        int n = n0;
+        for (; n + QN <= n1; n += QN) {
+            for (int r = 0; r < QN; r++) sr[r] = df_scale_row(v, n + r);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, QN, 1, pf);
+        }
+        for (; n < n1; n++) {
+            sr[0] = df_scale_row(v, n);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0);
+        }
+        return;
+    }
+    /* token blocks whose activations stay in L2 (see matmul_avx512.c) */
+    int tb = (int)(((size_t)256 << 10) / ((size_t)(K ? K : 1) * 4));
+    tb = tb < QT ? QT : tb - tb % QT;
+    for (int t0 = 0; t0 < T; t0 += tb) {
+        int nt = t0 + tb < T ? tb : T - t0;
+        const float *xb = x + (size_t)t0 * ldx;
+        float *yb = y + (size_t)t0 * ldy;
+        int n = n0;
+        for (; n + QN <= n1; n += QN) {
+            for (int r = 0; r < QN; r++) sr[r] = df_scale_row(v, n + r);
+            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, sct, K, bc, el, QN, nt);
+        }
+        for (; n < n1; n++) {
+            sr[0] = df_scale_row(v, n);
+            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, nt);
+        }
+    }
+}
+
+static void qrows_fp8(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1) {
+    qrows(y, ldy, x, ldx, v, T, n0, n1, FP8);
+}
+static void qrows_i4(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1) {
+    qrows(y, ldy, x, ldx, v, T, n0, n1, I4);
+}
+static void qrows_e2m1(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1) {
+    qrows(y, ldy, x, ldx, v, T, n0, n1, E2M1);
+}
+
+void df_qrows_avx512(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1) {
+    switch ((int)w->fmt.elem) {
+    case FP8: qrows_fp8(y, ldy, x, ldx, w, T, n0, n1); break;
+    case I4: qrows_i4(y, ldy, x, ldx, w, T, n0, n1); break;
+    default: qrows_e2m1(y, ldy, x, ldx, w, T, n0, n1); break;
+    }
+}
+
+INL void qdecode(float *dst, const df_wview *v, int r0, int n, int el) {
+    const int K = v->cols, bc = v->fmt.block_cols;
+    const size_t rs = df_wfmt_row_bytes(v->fmt, K);
+    for (int i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)v->data + (size_t)(r0 + i) * rs, *srow = df_scale_row(v, r0 + i);
+        float *d = dst + (size_t)i * (size_t)K;
+        for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
+            int ke = K - kb < bc ? K : kb + bc, k = kb;
+            __m512 st;
+            int two = block_state(&st, &srow, v->fmt.scale, j, el, 1);
+            for (; k + 16 <= ke; k += 16) _mm512_storeu_ps(d + k, dec16(el, row, k, st, two, 1, 0, 16));
+            if (k < ke)
+                _mm512_mask_storeu_ps(d + k, (__mmask16)((1u << (ke - k)) - 1),
+                                      dec16(el, row, k, st, two, 1, 1, ke - k));
+        }
+    }
+}
+
+void df_qdecode_avx512(float *dst, const df_wview *w, int r0, int n) {
+    switch ((int)w->fmt.elem) {
+    case FP8: qdecode(dst, w, r0, n, FP8); break;
+    case I4: qdecode(dst, w, r0, n, I4); break;
+    default: qdecode(dst, w, r0, n, E2M1); break;
+    }
+}
+
+#endif

@@ -1,0 +1,498 @@
+/*
+ * test_kernels_fmt.c - the scaled weight formats of kernels.h (FP8 e4m3 with
+ * F32 128x128 block scales, INT4 with BF16 and MXFP4 with E8M0 group scales):
+ * the decodings against references computed here in double precision from
+ * the format descriptions (every e4m3 and e2m1 code, all 256 E8M0 scales, the
+ * INT4 offset and nibble order), and the products: every ISA path this CPU
+ * runs is bit-identical to the C path, to T single-row calls, to 1-3 threads
+ * and to the F32 product of the decoded matrix; close to a double reference;
+ * tails, edge blocks, row views, NaN codes and extreme scales included.
+ * (Kept apart from test_kernels.c, which covers the dense formats and the pool.)
+ */
+#include "testutil.h"
+
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rndf(void) { return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0); }
+static int n_isas(void) { return (int)df_isa_detect() + 1; }
+
+static float f_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t u_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* ---- references in double, written from the format descriptions ---------- */
+
+/* e4m3fn: sign bit 7, exponent bits 6-3 (bias 7), mantissa bits 2-0; e = 0 is
+ * subnormal (2^-6 * m/8); S.1111.111 is NaN; no infinity. */
+static double ref_e4m3(unsigned b) {
+    unsigned s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    double mag = e == 0 ? pow(2.0, -6) * (m / 8.0) : pow(2.0, (double)e - 7) * (1.0 + m / 8.0);
+    return s ? -mag : mag;
+}
+/* e2m1: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; e = 0 is
+ * subnormal (m * 0.5). */
+static double ref_e2m1(unsigned n) {
+    unsigned s = (n >> 3) & 1, e = (n >> 1) & 3, m = n & 1;
+    double mag = e == 0 ? 0.5 * m : pow(2.0, (double)e - 1) * (1.0 + m / 2.0);
+    return s ? -mag : mag;
+}
+static double ref_i4(unsigned n) { return (double)(n & 15) - 8.0; }
+static double ref_e8m0(unsigned s) { return s == 255 ? NAN : pow(2.0, (double)s - 127); }
+static double ref_bf16(uint16_t h) { return (double)f_of((uint32_t)h << 16); }
+
+/* A double rounded to F32 (nearest even), inf past the overflow threshold. */
+static float to_f32(double d) {
+    if (isnan(d)) return NAN;
+    if (fabs(d) >= 0x1.ffffffp127) return d > 0 ? INFINITY : -INFINITY;
+    return (float)d;
+}
+
+static bool same(float a, float b) { return (isnan(a) && isnan(b)) || u_of(a) == u_of(b); }
+
+/* ---- scaled matrices ------------------------------------------------------- */
+
+typedef struct {
+    df_wview v;
+    uint8_t *vals, *sc;
+    double *w; /* exact dequantized weights [N][K] (double) */
+} qmat;
+
+static uint8_t rnd_code(df_elem el, int nan_ok) {
+    if (el != DF_EL_F8_E4M3) return (uint8_t)(rnd() & 15);
+    uint8_t b = (uint8_t)rnd();
+    if (!nan_ok && (b & 0x7f) == 0x7f) b ^= 1;
+    return b;
+}
+
+/* A scale: ordinary for its format, or (special) one of the extremes. */
+static void put_scale(uint8_t *p, df_scale_type t, int special) {
+    if (t == DF_SC_F32) {
+        static const uint32_t odd[] = {0x3f800000u, 0x43800000u /* 256: two-multiply form */, 0x7f000000u,
+                                       0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u, 0x00400000u,
+                                       0x80000000u, 0x00000000u, 0x1f000000u, 0x5f000000u};
+        float s = special && rnd() % 2 ? f_of(odd[rnd() % (sizeof odd / 4)]) : ldexpf(1.0f + rndf() / 2, -7 - (int)(rnd() % 6));
+        memcpy(p, &s, 4);
+    } else if (t == DF_SC_BF16) {
+        static const uint16_t odd[] = {0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x0001, 0x0040, 0x8000, 0x0000, 0x0080};
+        uint16_t h = special && rnd() % 2 ? odd[rnd() % (sizeof odd / 2)] : df_f32_to_bf16(ldexpf(1.0f + rndf() / 2, -3 - (int)(rnd() % 6)));
+        memcpy(p, &h, 2);
+    } else {
+        *p = special && rnd() % 2 ? (uint8_t)rnd() : (uint8_t)(118 + rnd() % 12);
+    }
+}
+
+static double scale_ref(const uint8_t *p, df_scale_type t) {
+    if (t == DF_SC_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    if (t == DF_SC_BF16) {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return ref_bf16(h);
+    }
+    return ref_e8m0(*p);
+}
+
+/* Values exactly row_bytes * N and scales exactly the grid, so any read past
+ * them is an ASan error. The unused high nibble of an odd row is random. */
+static qmat make_q(df_wfmt f, int N, int K, int special) {
+    qmat q;
+    size_t rb = df_wfmt_row_bytes(f, K);
+    uint64_t sb = df_wfmt_scale_bytes(f, N, K);
+    q.vals = df_xmalloc(rb * (size_t)N + 1);
+    q.sc = df_xmalloc((size_t)sb + 1);
+    q.w = df_xmalloc(sizeof(double) * ((size_t)N * (size_t)K + 1));
+    size_t es = f.scale == DF_SC_F32 ? 4 : f.scale == DF_SC_BF16 ? 2 : 1;
+    for (uint64_t i = 0; i < sb / es; i++) put_scale(q.sc + i * es, f.scale, special);
+    int gc = (K + f.block_cols - 1) / f.block_cols;
+    for (int n = 0; n < N; n++) {
+        uint8_t *row = q.vals + (size_t)n * rb;
+        if (f.elem == DF_EL_F8_E4M3)
+            for (int k = 0; k < K; k++) row[k] = rnd_code(f.elem, special && rnd() % 8 == 0);
+        else
+            for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)(rnd_code(f.elem, 0) | rnd_code(f.elem, 0) << 4);
+        for (int k = 0; k < K; k++) {
+            unsigned c = f.elem == DF_EL_F8_E4M3 ? row[k] : (unsigned)(row[k / 2] >> (4 * (k % 2))) & 15;
+            double d = f.elem == DF_EL_F8_E4M3 ? ref_e4m3(c) : f.elem == DF_EL_I4 ? ref_i4(c) : ref_e2m1(c);
+            const uint8_t *sp = q.sc + ((size_t)(n / f.block_rows) * (size_t)gc + (size_t)(k / f.block_cols)) * es;
+            q.w[(size_t)n * K + k] = d * scale_ref(sp, f.scale);
+        }
+    }
+    q.v = df_wview_scaled(f, q.vals, q.sc, N, K);
+    return q;
+}
+
+static void free_q(qmat *q) {
+    free(q->vals);
+    free(q->sc);
+    free(q->w);
+}
+
+static const df_wfmt *fmt_list(int *n) {
+    static df_wfmt f[7];
+    f[0] = df_wfmt_fp8_block();
+    f[1] = df_wfmt_int4_group();
+    f[2] = df_wfmt_mxfp4();
+    f[3] = (df_wfmt){DF_EL_F8_E4M3, DF_SC_F32, 3, 48};
+    f[4] = (df_wfmt){DF_EL_F8_E4M3, DF_SC_F32, 1, 16};
+    f[5] = (df_wfmt){DF_EL_I4, DF_SC_BF16, 2, 16};
+    f[6] = (df_wfmt){DF_EL_E2M1, DF_SC_E8M0, 1, 64};
+    *n = 7;
+    return f;
+}
+
+static df_pool *g_pools[3];
+static int setup_pools(void **state) {
+    (void)state;
+    for (int i = 0; i < 3; i++) g_pools[i] = df_pool_new(i + 1);
+    return 0;
+}
+static int teardown_pools(void **state) {
+    (void)state;
+    for (int i = 0; i < 3; i++) df_pool_free(g_pools[i]);
+    return 0;
+}
+
+/* Decodes rows of v on one path; checks against q->w (rounded to F32) and
+ * that nothing is written past the rows. */
+static void check_decode(const qmat *q, df_isa isa, float *out) {
+    int N = q->v.rows, K = q->v.cols;
+    assert_int_equal(df_isa_set(isa), 0);
+    out[(size_t)N * K] = f_of(0x7fa5a5a5u);
+    df_wview_decode_rows(out, &q->v, 0, N);
+    assert_int_equal(u_of(out[(size_t)N * K]), 0x7fa5a5a5u);
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        if (!same(out[i], to_f32(q->w[i])))
+            fail_msg("%s %s N=%d K=%d: w[%zu] = %a, want %a", df_isa_name(isa), df_wfmt_name(q->v.fmt), N, K, i,
+                     out[i], to_f32(q->w[i]));
+}
+
+/* ---- decodings --------------------------------------------------------------- */
+
+static void test_e4m3_codes(void **state) {
+    (void)state;
+    for (unsigned b = 0; b < 256; b++) {
+        double r = ref_e4m3(b);
+        float f = df_e4m3_to_f32((uint8_t)b);
+        if (!same(f, (float)r)) fail_msg("e4m3 0x%02x: %a, want %a", b, f, r);
+    }
+    assert_true(df_e4m3_to_f32(0x7e) == 448.0f && df_e4m3_to_f32(0x01) == ldexpf(1, -9));
+    assert_true(signbit(df_e4m3_to_f32(0x80)) && df_e4m3_to_f32(0x80) == 0.0f);
+    /* every code in a row, times scales that give exact, rounded, subnormal,
+     * overflowing and NaN products, and |s| >= 2^8 (the two-multiply form) */
+    static const uint32_t scales[] = {0x3f800000u, 0x3a83126fu, 0x00000001u, 0x00400000u, 0x0b000000u,
+                                      0x43800000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00000u, 0x80000000u,
+                                      0xc2f6e979u, 0x3dcccccdu};
+    for (size_t si = 0; si < sizeof scales / 4; si++) {
+        enum { N = 3, K = 256 + 13 };
+        uint8_t vals[N * K];
+        float sc[1 * 3], out[N * K + 1];
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) vals[n * K + k] = (uint8_t)(k + 37 * n);
+        for (int j = 0; j < 3; j++) sc[j] = f_of(scales[(si + (size_t)j) % (sizeof scales / 4)]);
+        qmat q = {df_wview_scaled(df_wfmt_fp8_block(), vals, sc, N, K), vals, (uint8_t *)sc,
+                  df_xmalloc(sizeof(double) * N * K)};
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) q.w[n * K + k] = ref_e4m3(vals[n * K + k]) * (double)sc[k / 128];
+        for (int isa = 0; isa < n_isas(); isa++) check_decode(&q, (df_isa)isa, out);
+        free(q.w);
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
+/* All 16 e2m1 codes times all 256 E8M0 scales (one row per scale). */
+static void test_e2m1_e8m0(void **state) {
+    (void)state;
+    for (unsigned n = 0; n < 16; n++) {
+        float f = df_e2m1_to_f32(n);
+        if (!same(f, (float)ref_e2m1(n))) fail_msg("e2m1 %u: %a", n, f);
+    }
+    assert_true(signbit(df_e2m1_to_f32(8)) && df_e2m1_to_f32(8) == 0.0f && df_e2m1_to_f32(7) == 6.0f);
+    for (unsigned s = 0; s < 256; s++) {
+        float f = df_e8m0_to_f32((uint8_t)s);
+        if (!same(f, to_f32(ref_e8m0(s)))) fail_msg("e8m0 %u: %a", s, f);
+    }
+    assert_true(df_e8m0_to_f32(0) == ldexpf(1, -127) && df_e8m0_to_f32(127) == 1.0f && isnan(df_e8m0_to_f32(255)));
+    enum { N = 256, K = 32 + 5 };
+    uint8_t vals[N * ((K + 1) / 2)], sc[N * 2];
+    float *out = df_xmalloc(sizeof(float) * (N * K + 1));
+    size_t rb = (K + 1) / 2;
+    qmat q = {df_wview_scaled(df_wfmt_mxfp4(), vals, sc, N, K), vals, sc, df_xmalloc(sizeof(double) * N * K)};
+    for (int n = 0; n < N; n++) {
+        sc[2 * n] = (uint8_t)n;
+        sc[2 * n + 1] = (uint8_t)(255 - n);
+        for (size_t b = 0; b < rb; b++) vals[n * rb + b] = (uint8_t)((2 * b) % 16 | ((2 * b + 1 + n) % 16) << 4);
+        for (int k = 0; k < K; k++) {
+            unsigned c = (vals[n * rb + k / 2] >> (4 * (k % 2))) & 15;
+            q.w[n * K + k] = ref_e2m1(c) * ref_e8m0(sc[2 * n + k / 32]);
+        }
+    }
+    for (int isa = 0; isa < n_isas(); isa++) check_decode(&q, (df_isa)isa, out);
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+    free(q.w);
+    free(out);
+}
+
+/* INT4: the +8 offset, the even column in the low nibble, and the
+ * checkpoint's I32 words read as little-endian bytes. */
+static void test_i4_layout(void **state) {
+    (void)state;
+    for (unsigned n = 0; n < 16; n++) assert_true(df_i4_to_f32(n) == (float)n - 8.0f);
+    /* compressed-tensors pack_to_int32: column c in word c/8 at bits 4*(c%8) */
+    enum { N = 2, K = 40 };
+    uint32_t words[N * K / 8];
+    uint8_t bytes[sizeof words];
+    int q[N][K];
+    for (int n = 0; n < N; n++)
+        for (int w = 0; w < K / 8; w++) {
+            uint32_t v = 0;
+            for (int i = 0; i < 8; i++) {
+                q[n][w * 8 + i] = (int)(rnd() % 16) - 8;
+                v |= (uint32_t)(q[n][w * 8 + i] + 8) << (4 * i);
+            }
+            words[n * (K / 8) + w] = v;
+        }
+    for (size_t i = 0; i < sizeof words / 4; i++)
+        for (int b = 0; b < 4; b++) bytes[4 * i + (size_t)b] = (uint8_t)(words[i] >> (8 * b));
+    uint16_t sc[N * 2] = {0x3f80, 0x4000, 0xbf80, 0x3e80}; /* 1, 2, -1, 0.25 */
+    df_wview v = df_wview_scaled(df_wfmt_int4_group(), bytes, sc, N, K);
+    float out[N * K];
+    for (int isa = 0; isa < n_isas(); isa++) {
+        assert_int_equal(df_isa_set((df_isa)isa), 0);
+        df_wview_decode_rows(out, &v, 0, N);
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++)
+                if (out[n * K + k] != (float)(q[n][k] * ref_bf16(sc[n * 2 + k / 32])))
+                    fail_msg("%s i4 [%d][%d] = %g, want %d * %g", df_isa_name((df_isa)isa), n, k, out[n * K + k],
+                             q[n][k], ref_bf16(sc[n * 2 + k / 32]));
+        /* one byte by hand: 0x9f is column 0 = 15 - 8 = 7, column 1 = 9 - 8 = 1 */
+        uint8_t b1[1] = {0x9f}, s1[2] = {0x80, 0x3f};
+        df_wview v1 = df_wview_scaled(df_wfmt_int4_group(), b1, s1, 1, 2);
+        df_wview_decode_rows(out, &v1, 0, 1);
+        assert_true(out[0] == 7.0f && out[1] == 1.0f);
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
+static void test_wfmt_api(void **state) {
+    (void)state;
+    assert_true(df_wfmt_computable(df_wfmt_fp8_block()));
+    assert_true(df_wfmt_computable(df_wfmt_int4_group()));
+    assert_true(df_wfmt_computable(df_wfmt_mxfp4()));
+    assert_false(df_wfmt_computable((df_wfmt){DF_EL_F8_E4M3, DF_SC_NONE, 0, 0}));
+    assert_false(df_wfmt_computable((df_wfmt){DF_EL_I4, DF_SC_F32, 1, 32}));
+    assert_false(df_wfmt_computable((df_wfmt){DF_EL_E2M1, DF_SC_E8M0, 1, 24}));
+    assert_false(df_wfmt_computable((df_wfmt){DF_EL_F8_E4M3, DF_SC_F32, 0, 128}));
+    assert_string_equal(df_wfmt_name(df_wfmt_fp8_block()), "F8_E4M3/F32[128x128]");
+    assert_string_equal(df_wfmt_name(df_wfmt_mxfp4()), "E2M1/E8M0[1x32]");
+    /* kv_a_proj_with_mqa [576][7168]: scale grid [5][56] */
+    assert_int_equal(df_wfmt_scale_bytes(df_wfmt_fp8_block(), 576, 7168), 5 * 56 * 4);
+    assert_int_equal(df_wfmt_bytes(df_wfmt_int4_group(), 3, 7168), 3 * 3584);
+    assert_int_equal(df_wfmt_scale_bytes(df_wfmt_int4_group(), 3, 7168), 3 * 224 * 2);
+    assert_int_equal(df_wfmt_scale_bytes(df_wfmt_mxfp4(), 3, 33), 3 * 2);
+    assert_int_equal(df_wfmt_row_bytes(df_wfmt_mxfp4(), 33), 17);
+}
+
+/* ---- products ------------------------------------------------------------------ */
+
+static long first_diff(const float *a, const float *b, size_t n, int nan_any) {
+    for (size_t i = 0; i < n; i++) {
+        if (nan_any && isnan(a[i]) && isnan(b[i])) continue;
+        if (u_of(a[i]) != u_of(b[i])) return (long)i;
+    }
+    return -1;
+}
+
+static void fill_y(float *y, int T, int N, int ldy) {
+    for (size_t i = 0; i < (size_t)T * ldy; i++) y[i] = f_of(0x7fa5a5a5u);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) y[(size_t)t * ldy + n] = -12345.0f;
+}
+
+/* One matrix and batch: (a) every path == C, (b) row by row == batch, rows
+ * split, (c) threads, (d) == the F32 product of the decoded matrix, (e) close
+ * to the double reference (finite data). */
+static void check_q(const qmat *q, int T, int nan_any) {
+    const df_wview *v = &q->v;
+    int N = v->rows, K = v->cols, ldx = K + 5, ldy = N + 3;
+    size_t ny = (size_t)T * ldy;
+    float *x = df_xmalloc(((size_t)T * ldx + 1) * 4), *ref = df_xmalloc(ny * 4), *y = df_xmalloc(ny * 4);
+    float *wd = df_xmalloc(((size_t)N * K + 1) * 4);
+    for (size_t i = 0; i < (size_t)T * ldx; i++) x[i] = f_of(0x7fa5a5a5u); /* padding: never read */
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) x[(size_t)t * ldx + k] = rndf();
+    const char *fn = df_wfmt_name(v->fmt);
+    assert_int_equal(df_isa_set(DF_ISA_C), 0);
+    fill_y(ref, T, N, ldy);
+    df_matmul(NULL, ref, ldy, x, ldx, v, T);
+    df_wview_decode_rows(wd, v, 0, N);
+    df_wview dv = df_wview_make(wd, DF_DT_F32, N, K);
+    for (int isa = 0; isa < n_isas(); isa++) {
+        const char *in = df_isa_name((df_isa)isa);
+        assert_int_equal(df_isa_set((df_isa)isa), 0);
+        fill_y(y, T, N, ldy);
+        df_matmul(NULL, y, ldy, x, ldx, v, T);
+        long d = first_diff(y, ref, ny, nan_any);
+        if (d >= 0) fail_msg("%s %s T=%d N=%d K=%d: differs from C at %ld: %a vs %a", in, fn, T, N, K, d, y[d], ref[d]);
+        fill_y(y, T, N, ldy);
+        for (int t = 0; t < T; t++) df_matmul(NULL, y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, v, 1);
+        if ((d = first_diff(y, ref, ny, nan_any)) >= 0) fail_msg("%s %s T=%d N=%d K=%d: T=1 differs at %ld", in, fn, T, N, K, d);
+        fill_y(y, T, N, ldy);
+        df_matmul_rows(y, ldy, x, ldx, v, T, 0, N / 3);
+        df_matmul_rows(y, ldy, x, ldx, v, T, N / 3, N);
+        if ((d = first_diff(y, ref, ny, nan_any)) >= 0) fail_msg("%s %s T=%d N=%d K=%d: rows split differs at %ld", in, fn, T, N, K, d);
+        for (int p = 0; p < 3; p++) {
+            fill_y(y, T, N, ldy);
+            df_matmul(g_pools[p], y, ldy, x, ldx, v, T);
+            if ((d = first_diff(y, ref, ny, nan_any)) >= 0)
+                fail_msg("%s %s T=%d N=%d K=%d: %d threads differ at %ld", in, fn, T, N, K, p + 1, d);
+        }
+        fill_y(y, T, N, ldy);
+        df_matmul(g_pools[1], y, ldy, x, ldx, &dv, T);
+        if ((d = first_diff(y, ref, ny, nan_any)) >= 0)
+            fail_msg("%s %s T=%d N=%d K=%d: F32 of the decoded matrix differs at %ld: %a vs %a", in, fn, T, N, K, d,
+                     y[d], ref[d]);
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+    for (int t = 0; t < T; t++)
+        for (int n = N; n < ldy; n++) assert_int_equal(u_of(ref[(size_t)t * ldy + n]), 0x7fa5a5a5u);
+    if (!nan_any) {
+        /* the reduction's bound plus the rounding of each weight to F32 */
+        double gamma = (((K + 15) / 16 + 4) * ldexp(1.0, -24) + ldexp(1.0, -24)) * 1.01;
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                double s = 0, sa = 0;
+                for (int k = 0; k < K; k++) {
+                    double p = q->w[(size_t)n * K + k] * x[(size_t)t * ldx + k];
+                    s += p, sa += fabs(p);
+                }
+                double e = fabs((double)ref[(size_t)t * ldy + n] - s);
+                if (e > gamma * sa + 1e-37)
+                    fail_msg("%s T=%d N=%d K=%d: y[%d][%d] = %.9g, exact %.9g", fn, T, N, K, t, n,
+                             ref[(size_t)t * ldy + n], s);
+            }
+    }
+    free(x), free(ref), free(y), free(wd);
+}
+
+/* Tails (K not a multiple of 16 or 32), edge blocks (N, K not multiples of
+ * 128), T = 1..9, every format and some other block shapes. */
+static void test_products_grid(void **state) {
+    (void)state;
+    static const int Ks[] = {1, 15, 16, 17, 31, 32, 33, 63, 64, 100, 128, 129, 200, 257};
+    static const int Ns[] = {1, 3, 5, 17, 130};
+    int nf;
+    const df_wfmt *fs = fmt_list(&nf);
+    for (int fi = 0; fi < nf; fi++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
+                qmat q = make_q(fs[fi], Ns[ni], Ks[ki], 0);
+                for (int T = 1; T <= 9; T += (Ns[ni] > 17 ? 4 : 1)) check_q(&q, T, 0);
+                free_q(&q);
+            }
+}
+
+/* Larger shapes: every thread gets rows, several 128-row blocks, the token
+ * blocks of the T > 1 kernels. */
+static void test_products_big(void **state) {
+    (void)state;
+    int nf;
+    const df_wfmt *fs = fmt_list(&nf);
+    for (int fi = 0; fi < 3; fi++) {
+        qmat q = make_q(fs[fi], 300, 1000, 0);
+        check_q(&q, 1, 0);
+        check_q(&q, 9, 0);
+        check_q(&q, 70, 0);
+        free_q(&q);
+    }
+    qmat q = make_q(fs[0], 40, 20000, 0);
+    check_q(&q, 15, 0);
+    free_q(&q);
+}
+
+/* NaN codes, extreme and non-finite scales: paths, batches, threads and the
+ * decoded F32 product agree (NaN matches NaN). */
+static void test_products_special(void **state) {
+    (void)state;
+    int nf;
+    const df_wfmt *fs = fmt_list(&nf);
+    for (int fi = 0; fi < nf; fi++)
+        for (int rep = 0; rep < 12; rep++) {
+            int N = 1 + (int)(rnd() % 140), K = 1 + (int)(rnd() % 300);
+            qmat q = make_q(fs[fi], N, K, 1);
+            float *out = df_xmalloc(sizeof(float) * ((size_t)N * K + 1));
+            for (int isa = 0; isa < n_isas(); isa++) check_decode(&q, (df_isa)isa, out);
+            check_q(&q, 1 + (int)(rnd() % 9), 1);
+            free(out);
+            free_q(&q);
+        }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
+/* Row views (df_wview_rows) at offsets inside a block give the rows of the
+ * whole matrix, in products and in decoding. */
+static void test_row_views(void **state) {
+    (void)state;
+    int nf;
+    const df_wfmt *fs = fmt_list(&nf);
+    for (int fi = 0; fi < nf; fi++) {
+        enum { N = 300, K = 161, T = 3 };
+        qmat q = make_q(fs[fi], N, K, 0);
+        float x[T * K], yf[T * N], ys[T * N], wf[N * K], ws[N * K];
+        for (int i = 0; i < T * K; i++) x[i] = rndf();
+        for (int isa = 0; isa < n_isas(); isa++) {
+            assert_int_equal(df_isa_set((df_isa)isa), 0);
+            df_matmul(g_pools[1], yf, N, x, K, &q.v, T);
+            df_wview_decode_rows(wf, &q.v, 0, N);
+            static const int r0s[] = {0, 1, 100, 127, 128, 129, 250};
+            for (size_t i = 0; i < sizeof r0s / sizeof *r0s; i++) {
+                int r0 = r0s[i], n = N - r0 < 45 ? N - r0 : 45;
+                df_wview s = df_wview_rows(&q.v, r0, n);
+                df_wview s2 = df_wview_rows(&s, 7, n - 7); /* a view of a view */
+                df_matmul(g_pools[2], ys, N, x, K, &s, T);
+                for (int t = 0; t < T; t++) assert_memory_equal(ys + t * N, yf + t * N + r0, sizeof(float) * n);
+                df_matmul_rows(ys, N, x, K, &s2, T, 0, n - 7);
+                for (int t = 0; t < T; t++) assert_memory_equal(ys + t * N, yf + t * N + r0 + 7, sizeof(float) * (n - 7));
+                df_wview_decode_rows(ws, &s, 2, n - 2);
+                assert_memory_equal(ws, wf + (size_t)(r0 + 2) * K, sizeof(float) * (size_t)(n - 2) * K);
+            }
+        }
+        free_q(&q);
+    }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wfmt_api),
+        cmocka_unit_test(test_e4m3_codes),
+        cmocka_unit_test(test_e2m1_e8m0),
+        cmocka_unit_test(test_i4_layout),
+        cmocka_unit_test(test_products_grid),
+        cmocka_unit_test(test_products_big),
+        cmocka_unit_test(test_products_special),
+        cmocka_unit_test(test_row_views),
+    };
+    return cmocka_run_group_tests(tests, setup_pools, teardown_pools);
+}
