@@ -87,19 +87,19 @@ def check_args(p, a):
 # ---- element quantizers (round to nearest, ties to even; saturating) -----------
 
 def e4m3_codes(y):
-    """float64 array -> uint8 e4m3fn codes of the nearest value (ties to even)."""
-    y = np.asarray(y, dtype=np.float64)
-    a = np.minimum(np.abs(y), FP8_MAX)
-    _, k = np.frexp(a)                       # a = f * 2^k, f in [0.5, 1)
-    ex = np.maximum(k - 1, -6)               # binade; below 2^-6 the quantum stays 2^-9
-    step = np.ldexp(1.0, ex - 3)             # 3 mantissa bits
-    v = np.rint(a / step) * step             # may carry into the next binade: still exact
-    sub = v < 2.0 ** -6
-    _, k2 = np.frexp(np.where(sub, 1.0, v))
-    e_field = np.where(sub, 0, k2 - 1 + 7)
-    m_field = np.where(sub, np.rint(v / 2.0 ** -9), np.rint((np.ldexp(v, -(k2 - 1)) - 1.0) * 8))
-    code = (e_field.astype(np.int64) << 3) | m_field.astype(np.int64)
-    code |= np.where(np.signbit(y), 0x80, 0)
+    """float32 values -> uint8 e4m3fn codes of the nearest value (ties to even),
+    saturated at +-448: what a float32 -> float8_e4m3fn cast does after the clamp
+    every FP8 packer applies. Bit arithmetic on the float32 pattern: the mantissa
+    is rounded from 23 to 3 bits (a carry moves into the exponent, as it should);
+    below 2^-6 the step stays 2^-9 (subnormals)."""
+    y = np.asarray(y, dtype=np.float32)
+    a = np.minimum(np.abs(y), np.float32(FP8_MAX))
+    bits = a.view(np.uint32)
+    lsb = (bits >> np.uint32(20)) & np.uint32(1)
+    normal = ((bits + np.uint32(0x7FFFF) + lsb) >> np.uint32(20)) - np.uint32((127 - 7) << 3)
+    sub = np.rint(a * np.float32(512.0)).astype(np.uint32)        # exact scaling, then RNE
+    code = np.where(a < np.float32(2.0 ** -6), sub, normal)
+    code |= np.signbit(y).astype(np.uint32) << np.uint32(7)
     return code.astype(np.uint8)
 
 
@@ -181,29 +181,31 @@ class Packed:
                 yield self._fast(min(rows, R - r0), C)
             return
         for x in self.source(rows):
-            x = bf16_round(x).astype(np.float64)
+            x = bf16_round(x)
             yield {"fp8": self._fp8, "int4": self._int4, "mxfp4": self._mxfp4}[self.kind](x)
 
     def _fp8(self, x):
         n, C = x.shape
+        x = x.astype(np.float32)                 # bf16 values: exact
         nb, cb = -(-n // BLOCK), -(-C // BLOCK)
-        pad = np.zeros((nb * BLOCK, cb * BLOCK))
+        pad = np.zeros((nb * BLOCK, cb * BLOCK), dtype=np.float32)
         pad[:n, :C] = np.abs(x)
-        amax = pad.reshape(nb, BLOCK, cb, BLOCK).max(axis=(1, 3))
+        amax = pad.reshape(nb, BLOCK, cb, BLOCK).max(axis=(1, 3)).astype(np.float64)
         if self.pow2:
             # the power of two at or above amax/448: 2^(k-1) if amax/448 is one, else 2^k
             m, k = np.frexp(amax / FP8_MAX)
             s = np.where(amax > 0, np.ldexp(1.0, np.where(m == 0.5, k - 1, k)), 1.0).astype(np.float32)
         else:
             s = np.where(amax > 0, np.float32(amax) / np.float32(FP8_MAX), 1.0).astype(np.float32)
-        S = np.repeat(np.repeat(s.astype(np.float64), BLOCK, 0)[:n], BLOCK, 1)[:, :C]
-        return e4m3_codes(x / S), s
+        S = np.repeat(np.repeat(s, BLOCK, 0)[:n], BLOCK, 1)[:, :C]
+        return e4m3_codes(x / S), s              # one float32 division, as the packers do
 
     def _groups(self, x):
         n, C = x.shape
         return np.abs(x).reshape(n, C // GROUP, GROUP).max(axis=2)
 
     def _int4(self, x):
+        x = x.astype(np.float64)
         n, C = x.shape
         amax = self._groups(x).astype(np.float32)
         s_bits = st.f32_to_bf16(np.maximum(amax / np.float32(7.5), np.float32(2.0 ** -23)))
@@ -215,6 +217,7 @@ class Packed:
         return words.view("<i4"), s_bits
 
     def _mxfp4(self, x):
+        x = x.astype(np.float64)
         n, C = x.shape
         amax = self._groups(x)
         _, k = np.frexp(amax)                      # floor(log2 amax) = k - 1 for amax > 0
