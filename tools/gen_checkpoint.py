@@ -12,7 +12,10 @@ by (seed, crc32(name)), so a tensor's values do not depend on sharding, dtype
 layout order or which other tensors exist.
 
 The DeepSeek-V3 family (deepseek_v2, deepseek_v3, kimi_k2, and the Kimi K2.5
-wrapper) lives in gen_deepseek.py: its config fields and tensor plan.
+wrapper) lives in gen_deepseek.py: its config fields and tensor plan. Weights in
+the shipped 8- and 4-bit formats (--quant fp8 | int4 | mxfp4, --quant-experts,
+--quant-dense) come from gen_quant.py: the quantizers, companion tensors and
+quantization_config.
 
 Init: projections are N(0, gain/sqrt(fan_in)) so activations stay O(1) through the
 layers, norm weights are 1 + N(0, 0.1), the lm_head gives logits a spread of a few
@@ -36,6 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
 import safetensors_np as st  # noqa: E402
 import gen_deepseek as ds  # noqa: E402
+import gen_quant as gq  # noqa: E402
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 DTYPES = {"bf16": ("BF16", "bfloat16"), "f16": ("F16", "float16"), "f32": ("F32", "float32")}
@@ -118,9 +122,11 @@ def parse_args(argv):
                         "layout checks with `deltafin inspect`, not for running")
     p.add_argument("--out", required=True)
     ds.add_args(p)
+    gq.add_args(p)
     a = p.parse_args(argv)
     if a.match_trace:
         match_trace(p, a)
+    gq.check_args(p, a)
     a.deepseek = a.arch in ds.ARCHS
     if a.deepseek:
         return parse_deepseek(p, a)
@@ -379,6 +385,28 @@ def tensor_rng(seed, name):
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
+def row_source(t, seed):
+    """gen_quant's view of plan entry t: source(rows) yields its float32 values in
+    row chunks, the same values write_tensor would store."""
+    name, shape, mean, std = t[:4]
+    C = int(shape[1])
+
+    def source(rows):
+        rng = tensor_rng(seed, name)
+        if len(t) > 4 and "fill" in t[4]:
+            full = np.asarray(t[4]["fill"](rng), dtype=np.float32).reshape(shape)
+            for r0 in range(0, shape[0], rows):
+                yield full[r0:r0 + rows]
+            return
+        for r0 in range(0, shape[0], rows):
+            n = min(rows, shape[0] - r0)
+            x = rng.standard_normal(n * C, dtype=np.float32)
+            x *= np.float32(std)
+            x += np.float32(mean)
+            yield x.reshape(n, C)
+    return source
+
+
 def write_tensor(w, name, shape, mean, std, seed, dtype, pool):
     rng = tensor_rng(seed, name)
     total = int(np.prod(shape))
@@ -417,6 +445,14 @@ def generate(a):
         cfg = build_config(a)
         plan = tensor_plan(cfg)
         file_cfg, gen_cfg = cfg, generation_config(a)
+    prefix = "language_model." if a.deepseek and a.wrap_language_model else ""
+    plan, qcfg = gq.apply(plan, a, prefix, lambda t: row_source(t, a.seed),
+                          (lambda t: tensor_rng(a.seed, t[0])) if a.fast_init else None)
+    if qcfg is not None:
+        # a wrapper's text config (cfg) is its text_config: the quantization config goes there
+        cfg["quantization_config"] = qcfg
+        cfg = dict(sorted(cfg.items()))
+        file_cfg = ds.wrap_config(cfg, DTYPES[a.dtype][1]) if prefix else cfg
     shards = plan_shards(plan, itemsize, a.max_shard_size)
 
     # Remove checkpoint files of an earlier run so a stale shard can never be read.
@@ -438,6 +474,8 @@ def generate(a):
             name, shape, mean, std = t[:4]
             if a.sparse:
                 w.skip(name)
+            elif len(t) > 4 and "packed" in t[4]:
+                t[4]["packed"].write(w, name)
             elif len(t) > 4 and "fill" in t[4]:
                 w.write(name, t[4]["fill"](tensor_rng(a.seed, name)))
             else:

@@ -28,8 +28,11 @@ tie is reported and not counted (the sequences legitimately diverge there).
 
     check_model.py --model DIR --engine build/deltafin-san [--threads N]
     check_model.py --suite [--dir build/test-models] --engine build/deltafin-san
-        [--threads N] [--batch N] [--determinism] [--jobs N] [--only a,b] [--set deepseek|all]
-The reference is qwen3_ref or deepseek_ref, by the checkpoint's model_type.
+        [--threads N] [--batch N] [--determinism] [--jobs N] [--only a,b] [--set deepseek|formats|all]
+The reference is qwen3_ref or deepseek_ref, by the checkpoint's model_type;
+quantized weights are decoded by quant_np as the checkpoint's quantization_config
+says. ENGINE "/usr/bin/python3 tests/ref/ref_engine.py" is the float32 reference
+posing as the engine (any family).
 Prints "PASS name ..." / "FAIL name ..." per model; --suite ends with
 "N passed, N failed". Exit status 0 iff everything passed.
 """
@@ -165,7 +168,71 @@ DEEPSEEK_SUITE = {
         "--rope-scaling", "yarn:factor=64,original_max_position_embeddings=4096,beta_fast=32,"
         "beta_slow=1,mscale=1.0,mscale_all_dim=1.0"],
 }
-SUITES = {"qwen3": SUITE, "deepseek": DEEPSEEK_SUITE, "all": {**SUITE, **DEEPSEEK_SUITE}}
+
+# Weights as shipped in 8- and 4-bit formats (issue 22): `--suite --set formats`; not in
+# `--suite` (nor "all") until the engine loads them. Exact generator commands:
+# `gen_checkpoint.py ARGS --out DIR`. Formats and configs: tools/gen_quant.py.
+_KIMI = ["--dtype", "bf16", "--vocab", "1024", "--hidden", "64", "--intermediate", "128",
+         "--layers", "3", "--heads", "4", "--q-lora-rank", "64", "--kv-lora-rank", "32",
+         "--qk-nope-dim", "16", "--qk-rope-dim", "8", "--v-head-dim", "16", "--first-k-dense", "1",
+         "--routed-scaling-factor", "2.827", "--rms-eps", "1e-5"]
+_YARN64 = "yarn:factor=64,original_max_position_embeddings=4096,beta_slow=1,mscale=1.0,mscale_all_dim=1.0,"
+FORMATS_SUITE = {
+    # DeepSeek-V3 as shipped: every Linear FP8 with 128x128 block scales; router,
+    # embeddings, head and norms BF16, correction bias F32; an MTP layer (FP8, skipped).
+    # Sizes are not multiples of 128, so edge blocks are smaller: hidden 160 = 128+32,
+    # dense 288, q-LoRA 144, q_b rows 192, kv_a rows 40, experts 24; o_proj's 128 input
+    # columns and kv_b's 256 rows are whole blocks.
+    "fp8-ds-v3": ["--arch", "deepseek_v3", "--seed", "41", "--dtype", "bf16", "--vocab", "1024",
+                  "--hidden", "160", "--intermediate", "288", "--layers", "4", "--heads", "8",
+                  "--q-lora-rank", "144", "--kv-lora-rank", "32", "--qk-nope-dim", "16",
+                  "--qk-rope-dim", "8", "--v-head-dim", "16", "--first-k-dense", "1",
+                  "--experts", "32", "--top-k", "4", "--n-group", "8", "--topk-group", "4",
+                  "--n-shared-experts", "1", "--moe-intermediate", "24", "--routed-scaling-factor", "2.5",
+                  "--mtp-layers", "1", "--max-pos", "163840",
+                  "--rope-scaling", _YARN40 + "mscale=1.0,mscale_all_dim=1.0", "--quant", "fp8"],
+    # Qwen3-MoE FP8 release style: q/k/v/o, experts and the dense layer FP8; the
+    # routers (nn.Linear in Qwen3-MoE) listed in modules_to_not_convert with lm_head
+    # and the norms; no fmt key. Edge blocks: hidden 160, q rows 192, k/v rows 96.
+    "fp8-qwen3-moe": ["--arch", "qwen3_moe", "--seed", "42", "--dtype", "bf16", "--vocab", "1280",
+                      "--hidden", "160", "--intermediate", "288", "--layers", "3", "--heads", "4",
+                      "--kv-heads", "2", "--head-dim", "48", "--experts", "8", "--top-k", "2",
+                      "--moe-intermediate", "40", "--mlp-only-layers", "1", "--norm-topk-prob", "1",
+                      "--quant", "fp8"],
+    # DeepSeek-V3.1 style: scale_fmt ue8m0, every block scale a power of two.
+    "fp8-v31-ue8m0": ["--arch", "deepseek_v3", "--seed", "43", "--dtype", "bf16", "--vocab", "1024",
+                      "--hidden", "192", "--intermediate", "320", "--layers", "3", "--heads", "4",
+                      "--q-lora-rank", "96", "--kv-lora-rank", "32", "--qk-nope-dim", "16",
+                      "--qk-rope-dim", "8", "--v-head-dim", "16", "--first-k-dense", "1",
+                      "--experts", "16", "--top-k", "4", "--n-group", "4", "--topk-group", "2",
+                      "--moe-intermediate", "48", "--routed-scaling-factor", "2.5",
+                      "--quant", "fp8", "--fp8-scale-fmt", "ue8m0"],
+    # Kimi K2-Thinking style: routed experts INT4 (pack-quantized, groups of 32), all
+    # else BF16; top-level quantization_config with the shipped ignore list.
+    "int4-k2-thinking": ["--arch", "kimi_k2", "--seed", "44"] + _KIMI + [
+        "--experts", "16", "--top-k", "4", "--moe-intermediate", "32", "--max-pos", "262144",
+        "--rope-scaling", _YARN64 + "beta_fast=1", "--quant", "int4"],
+    # Kimi K2.5 style: the same inside the multimodal wrapper (text_config.quantization_config,
+    # language_model. prefix, vision tensors BF16), sharded so companions may straddle files.
+    "int4-k25-wrapper": ["--arch", "kimi_k2", "--seed", "45"] + _KIMI + [
+        "--experts", "24", "--top-k", "4", "--moe-intermediate", "64", "--wrap-language-model",
+        "--max-shard-size", "300000", "--max-pos", "262144",
+        "--rope-scaling", _YARN64 + "beta_fast=32", "--quant", "int4"],
+    # Routed experts MXFP4 (e2m1 + E8M0 scales per 32; Kimi K3's format and config
+    # fields) in a K2-architecture wrapper.
+    "mxfp4-k2": ["--arch", "kimi_k2", "--seed", "46"] + _KIMI + [
+        "--experts", "16", "--top-k", "4", "--moe-intermediate", "64", "--wrap-language-model",
+        "--max-pos", "131072", "--rope-scaling",
+        "yarn:factor=32,original_max_position_embeddings=4096,beta_fast=1,beta_slow=1,"
+        "mscale=1.0,mscale_all_dim=1.0", "--quant", "mxfp4"],
+    # Mixed: routed experts INT4, every other decoder Linear (MLA projections, dense
+    # layer, shared expert) MXFP4: compressed-tensors mixed-precision, one group each.
+    "mixed-int4-mxfp4": ["--arch", "kimi_k2", "--seed", "47"] + _KIMI + [
+        "--experts", "16", "--top-k", "4", "--moe-intermediate", "32",
+        "--quant-experts", "int4", "--quant-dense", "mxfp4"],
+}
+SUITES = {"qwen3": SUITE, "deepseek": DEEPSEEK_SUITE, "formats": FORMATS_SUITE,
+          "all": {**SUITE, **DEEPSEEK_SUITE}}
 
 
 def load_ref(model_dir, dtype=np.float64):
@@ -334,7 +401,7 @@ def ensure_model(dirpath, args):
     import gen_checkpoint
     src = b""
     for f in (gen_checkpoint.__file__, os.path.join(REPO, "tools", "gen_deepseek.py"),
-              os.path.join(HERE, "safetensors_np.py")):
+              os.path.join(REPO, "tools", "gen_quant.py"), os.path.join(HERE, "safetensors_np.py")):
         with open(f, "rb") as fh:
             src += fh.read()
     want = {"args": args, "generator_crc32": zlib.crc32(src)}
@@ -364,7 +431,8 @@ def main(argv=None):
                     help="--suite: where the models live")
     ap.add_argument("--only", default="", help="--suite: comma list of model names")
     ap.add_argument("--set", default="qwen3", choices=sorted(SUITES),
-                    help="--suite: which models (deepseek: the DeepSeek-V3 family)")
+                    help="--suite: which models (deepseek: the DeepSeek-V3 family; formats: FP8, "
+                         "INT4 and MXFP4 weights)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1234, help="token sequence seed")
     ap.add_argument("--tol", type=float, default=DEFAULT_TOL)

@@ -7,8 +7,9 @@ text_config, tensors prefixed `language_model.`). Written from the architecture
 description (../shared/notes/ARCHITECTURES.md sections 2-3, 8), not from the C
 engine, so that a shared misreading is unlikely.
 
-Precision: stored weights (BF16/F16/F32) are widened exactly and all math is
-float64 (dtype=np.float32 / --f32 runs the same code in float32, only to measure
+Precision: stored weights (BF16/F16/F32, or FP8 / INT4 / MXFP4 as the
+checkpoint's quantization_config says, decoded by quant_np) are widened exactly
+and all math is float64 (dtype=np.float32 / --f32 runs the same code in float32, only to measure
 drift). Routing is float64 too: a float32 router can only disagree where two
 selection values are within float32 rounding (min_route_gap reports the closest).
 
@@ -46,6 +47,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quant_np  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
 FAMILY = ("deepseek_v2", "deepseek_v3", "kimi_k2")
@@ -65,6 +67,16 @@ def read_config(model_dir):
     if isinstance(raw.get("text_config"), dict):
         return raw["text_config"], "language_model."
     return raw, ""
+
+
+def is_linear(name):
+    """Whether tensor `name` is the weight of a Linear layer (what a quantization
+    config quantizes): not an embedding, a norm or the router, which DeepSeek's
+    modelling code keeps as a plain parameter."""
+    mod, _, suf = name.rpartition(".")
+    last = mod.rpartition(".")[2]
+    return suf == "weight" and last != "embed_tokens" and "norm" not in last \
+        and not mod.endswith("mlp.gate")
 
 
 def is_family(model_dir):
@@ -371,6 +383,8 @@ class DeepseekRef:
             with open(gp) as f:
                 self.gen = json.load(f)
         self.ckpt = st.Checkpoint(model_dir)
+        self.quant = quant_np.read_quant_config(model_dir)
+        self.weights = quant_np.Weights(self.ckpt, self.quant, is_linear)
         self.shapes = expected_tensors(self.cfg, self.prefix)
         self.W = {}   # widened weights, filled on first use; tests may overwrite
         self.min_route_gap = math.inf
@@ -381,12 +395,13 @@ class DeepseekRef:
         self.ckpt.close()
 
     def w(self, name):
-        """Tensor `name` (without the wrapper prefix), shape-checked, widened."""
+        """Tensor `name` (without the wrapper prefix), shape-checked, widened
+        (decoded when quantized)."""
         full = self.prefix + name
         if full not in self.W:
-            if full not in self.ckpt:
+            if full not in self.weights:
                 raise ValueError(f"{self.dir}: tensor {full} missing")
-            a = self.ckpt.get(full, self.dtype)
+            a = self.weights.get(full, self.dtype)
             want = self.shapes.get(full)
             if want is not None and a.shape != tuple(want):
                 raise ValueError(f"{self.dir}: tensor {full} has shape {a.shape}, config implies {tuple(want)}")

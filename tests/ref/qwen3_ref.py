@@ -6,8 +6,9 @@ transformers modeling semantics of Qwen3 (model_type "qwen3") and Qwen3-MoE
 ("qwen3_moe"), not from the engine's code, so that a shared misreading is
 unlikely.
 
-Precision: stored weights (BF16/F16/F32) are widened exactly and all math runs in
-float64 by default, so the result is the mathematically intended forward pass up
+Precision: stored weights (BF16/F16/F32, or FP8 / INT4 / MXFP4 as the
+checkpoint's quantization_config says, decoded by quant_np) are widened exactly
+and all math runs in float64 by default, so the result is the mathematically intended forward pass up
 to ~1e-15 and any float32 engine should land within float32 rounding of it.
 Pass dtype=np.float32 (CLI --f32) to run the same code in float32; that is only
 used to estimate how far a correct float32 implementation can drift.
@@ -43,7 +44,17 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quant_np  # noqa: E402
 import safetensors_np as st  # noqa: E402
+
+
+def is_linear(name):
+    """Whether tensor `name` is the weight of a Linear layer (what a quantization
+    config quantizes): anything but the embedding and the norms; Qwen3-MoE's
+    router (mlp.gate) is an nn.Linear."""
+    mod, _, suf = name.rpartition(".")
+    last = mod.rpartition(".")[2]
+    return suf == "weight" and last != "embed_tokens" and "norm" not in last
 
 
 def _rope_params(cfg):
@@ -210,6 +221,8 @@ class Qwen3Ref:
             with open(gp) as f:
                 self.gen = json.load(f)
         self.ckpt = st.Checkpoint(model_dir)
+        self.quant = quant_np.read_quant_config(model_dir)
+        self.weights = quant_np.Weights(self.ckpt, self.quant, is_linear)
         self.W = {}   # widened weights, filled on first use; tests may overwrite
         # Smallest gap between the k-th and (k+1)-th expert probability seen so far:
         # where it is tiny, a float32 engine may legitimately route differently.
@@ -220,7 +233,7 @@ class Qwen3Ref:
 
     def w(self, name, shape=None):
         if name not in self.W:
-            a = self.ckpt.get(name, self.dtype)
+            a = self.weights.get(name, self.dtype)
             if shape is not None and a.shape != tuple(shape):
                 raise ValueError(f"{self.dir}: tensor {name} has shape {a.shape}, config implies {tuple(shape)}")
             self.W[name] = a

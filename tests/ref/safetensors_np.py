@@ -32,7 +32,11 @@ _STORAGE = {
     "I8": np.dtype("i1"),
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("u1"),
+    # 8-bit floats: raw codes, meaningful only with their scales (quant_np decodes them)
+    "F8_E4M3": np.dtype("u1"),
+    "F8_E5M2": np.dtype("u1"),
 }
+SCALED = ("F8_E4M3", "F8_E5M2")
 
 # A header larger than this is treated as hostile (the reference library uses 100 MB).
 MAX_HEADER = 100 * 1024 * 1024
@@ -82,6 +86,8 @@ def to_storage(x, dtype):
 
 def from_storage(raw, dtype, out_dtype=np.float32):
     """Stored array -> floats widened exactly to out_dtype (float32 or float64)."""
+    if dtype in SCALED:
+        raise ValueError(f"{dtype} codes need their block scales: read them through quant_np")
     if dtype == "BF16":
         return bf16_to_f32(raw).astype(out_dtype, copy=False)
     return raw.astype(out_dtype, copy=False)

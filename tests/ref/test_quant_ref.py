@@ -1,0 +1,774 @@
+#!/usr/bin/python3
+"""test_quant_ref - checks the reference's weight formats and the generator's on their own.
+
+Owns: evidence that quant_np.py (the reference's decoder and quantization_config
+reader) and gen_quant.py (the generator's quantizers and configs) deserve trust,
+without the C engine: every e4m3 and e2m1 code against hand values, every E8M0
+scale, nibble order on hand-made words, block and group edges; the generator's
+encoders inverting the decoder and rounding ties to even; quantize -> decode
+error within what each format allows; each quantized suite checkpoint laid out
+as shipped (which tensors are 8- or 4-bit, which stay BF16) and decoded close to
+its BF16 twin; refused configs and tensors name the field or tensor; and the
+checker, which passes the float32 reference posing as the engine and fails
+plausible decoding bugs.
+
+    /usr/bin/python3 tests/ref/test_quant_ref.py      (exit 0 = all passed)
+"""
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import check_model  # noqa: E402
+import deepseek_ref as D  # noqa: E402
+import gen_checkpoint  # noqa: E402
+import gen_quant as gq  # noqa: E402
+import quant_np as Q  # noqa: E402
+import qwen3_ref  # noqa: E402
+import safetensors_np as st  # noqa: E402
+
+TMP = None
+TESTS = []
+MODELS = {}
+TOL = check_model.DEFAULT_TOL
+SUITE = check_model.FORMATS_SUITE
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def gen(name, args):
+    d = os.path.join(TMP, name)
+    gen_checkpoint.generate(gen_checkpoint.parse_args(list(args) + ["--out", d, "--no-tokenizer"]))
+    return d
+
+
+def suite_model(name):
+    if name not in MODELS:
+        MODELS[name] = gen(name, SUITE[name])
+    return MODELS[name]
+
+
+def bf16_twin(name):
+    """The suite model's arguments without quantization: the same seed, the same
+    draws, stored BF16."""
+    key = name + "-bf16"
+    if key not in MODELS:
+        args = list(SUITE[name])
+        for flag in ("--quant", "--quant-experts", "--quant-dense", "--fp8-scale-fmt"):
+            while flag in args:
+                i = args.index(flag)
+                del args[i:i + 2]
+        MODELS[key] = gen(key, args)
+    return MODELS[key]
+
+
+def toks(seed, n=48, vocab=1024):
+    return [int(x) for x in np.random.default_rng(seed).integers(0, vocab, n)]
+
+
+def load_ref(d, dtype=np.float64):
+    return check_model.load_ref(d, dtype)
+
+
+def vocab(d):
+    m = load_ref(d)
+    m.close()
+    return m.cfg.vocab
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+# ---- element formats against hand values -------------------------------------
+
+# e4m3fn positive codes 0x00..0x7E as multiples of 2^-9, written out per exponent
+# field: 0 (subnormal, step 1), then binades of 8 values whose step doubles.
+E4M3_HAND = (list(range(0, 8)) + list(range(8, 16)) + list(range(16, 32, 2)) + list(range(32, 64, 4))
+             + list(range(64, 128, 8)) + list(range(128, 256, 16)) + list(range(256, 512, 32))
+             + list(range(512, 1024, 64)) + list(range(1024, 2048, 128)) + list(range(2048, 4096, 256))
+             + list(range(4096, 8192, 512)) + list(range(8192, 16384, 1024))
+             + list(range(16384, 32768, 2048)) + list(range(32768, 65536, 4096))
+             + list(range(65536, 131072, 8192)) + list(range(131072, 229377, 16384)))
+E2M1_HAND = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+@test
+def e4m3_every_code():
+    assert len(E4M3_HAND) == 127
+    for c in range(256):
+        v = Q.E4M3[c]
+        if c & 0x7F == 0x7F:
+            assert math.isnan(v), f"code {c:#x} must be NaN"
+            continue
+        want = E4M3_HAND[c & 0x7F] * 2.0 ** -9
+        assert v == (-want if c & 0x80 else want), f"code {c:#x}: {v} != {want}"
+        assert math.copysign(1.0, v) == (-1.0 if c & 0x80 else 1.0), f"code {c:#x}: sign"
+    # named points: 1.0, the largest, the smallest subnormal and normal, -2
+    assert (Q.E4M3[0x38], Q.E4M3[0x7E], Q.E4M3[0x01], Q.E4M3[0x08], Q.E4M3[0xC0]) == \
+        (1.0, 448.0, 2.0 ** -9, 2.0 ** -6, -2.0)
+    # a second derivation: normal codes as float32 bit patterns (exponent rebias 7 -> 127)
+    for c in range(256):
+        e, m = (c >> 3) & 15, c & 7
+        if e == 0 or (e == 15 and m == 7):
+            continue
+        bits = np.uint32(((c >> 7) << 31) | ((e - 7 + 127) << 23) | (m << 20))
+        assert np.array([bits]).view(np.float32)[0] == Q.E4M3[c], f"code {c:#x}"
+    return "256 codes, NaN at 0x7F/0xFF, subnormals 2^-9..7*2^-9"
+
+
+@test
+def e2m1_every_code():
+    for c in range(16):
+        want = E2M1_HAND[c & 7]
+        assert Q.E2M1[c] == (-want if c & 8 else want), f"nibble {c}: {Q.E2M1[c]}"
+        assert math.copysign(1.0, Q.E2M1[c]) == (-1.0 if c & 8 else 1.0)
+
+
+@test
+def e8m0_every_scale():
+    s = np.arange(256)
+    v = Q.e8m0(s)
+    for i in range(255):
+        assert v[i] == 2.0 ** (i - 127), f"E8M0 {i}"
+    assert math.isnan(v[255])
+    assert v[0] == 2.0 ** -127 and v[127] == 1.0 and v[254] == 2.0 ** 127
+    # 2^-127 is an fp32 subnormal, still exact: an engine's ldexpf gives the same value
+    assert float(np.ldexp(np.float32(1), -127)) == v[0] and np.float32(v[254]) == v[254]
+
+
+@test
+def nibble_order_on_hand_made_words():
+    # INT4: column c sits at bits 4*(c%8) of word c//8; stored value q+8
+    words = np.array([[0x76543210, 0xFEDCBA98]], dtype=np.uint32).view(np.int32)
+    assert words[0, 1] < 0          # stored I32: a top nibble >= 8 makes the word negative
+    one = st.f32_to_bf16(np.array([[1.0]], dtype=np.float32))
+    w = Q.decode_int4_pack(words, one, 16)
+    assert w.tolist() == [[float(q) for q in range(-8, 8)]], w.tolist()
+    # a tail: 13 columns of the two words, one group
+    s = st.f32_to_bf16(np.array([[0.5]], dtype=np.float32))
+    assert Q.decode_int4_pack(words, s, 13).tolist() == [[q * 0.5 for q in range(-8, 5)]]
+    # MXFP4: byte k = column 2k (low nibble) | column 2k+1 (high nibble)
+    packed = np.array([[0x21, 0xF8, 0x7A]], dtype=np.uint8)
+    w = Q.decode_mxfp4(packed, np.array([[127]], dtype=np.uint8), 6)
+    assert w.tolist() == [[0.5, 1.0, -0.0, -6.0, -1.0, 6.0]], w.tolist()
+    w = Q.decode_mxfp4(packed, np.array([[129]], dtype=np.uint8), 5)
+    assert w.tolist() == [[2.0, 4.0, 0.0, -24.0, -4.0]]
+    # groups of 32: column 32 takes the second scale
+    packed = np.full((1, 20), 0x22, dtype=np.uint8)          # 40 columns of 1.0
+    w = Q.decode_mxfp4(packed, np.array([[127, 130]], dtype=np.uint8), 40)
+    assert (w[0, :32] == 1.0).all() and (w[0, 32:] == 8.0).all()
+
+
+@test
+def fp8_blocks_and_edges():
+    rng = np.random.default_rng(1)
+    R, C, b = 5, 7, (2, 3)
+    q = rng.integers(0, 127, (R, C)).astype(np.uint8)
+    s = rng.uniform(0.5, 2, (3, 3)).astype(np.float32)
+    w = Q.decode_fp8_block(q, s, b)
+    for r in range(R):
+        for c in range(C):
+            assert w[r, c] == Q.E4M3[q[r, c]] * float(s[r // 2, c // 3])
+    # 128x128 blocks with edges: 200 x 300 has a [2, 3] grid
+    q = rng.integers(0, 127, (200, 300)).astype(np.uint8)
+    s = np.array([[1, 2, 4], [8, 16, 32]], dtype=np.float32)
+    w = Q.decode_fp8_block(q, s)
+    assert w[127, 255] == Q.E4M3[q[127, 255]] * 2 and w[128, 256] == Q.E4M3[q[128, 256]] * 32
+    assert w[199, 299] == Q.E4M3[q[199, 299]] * 32
+
+
+# ---- the generator's quantizers ----------------------------------------------
+
+@test
+def generator_encoders_invert_the_decoder():
+    fin = [c for c in range(256) if c & 0x7F != 0x7F]
+    got = gq.e4m3_codes(Q.E4M3[fin])
+    assert list(got) == fin, [hex(c) for c, g in zip(fin, got) if c != g][:4]
+    # midpoints between neighbours go to the even mantissa; beyond 448 saturates
+    pos = [c for c in fin if c < 0x7E]
+    mid = (Q.E4M3[pos] + Q.E4M3[[c + 1 for c in pos]]) / 2
+    want = [c if c % 2 == 0 else c + 1 for c in pos]
+    assert list(gq.e4m3_codes(mid)) == want
+    assert list(gq.e4m3_codes(-mid)) == [w | 0x80 for w in want]
+    assert list(gq.e4m3_codes([464.0, 1e9, -500.0])) == [0x7E, 0x7E, 0xFE]
+    assert list(gq.e4m3_codes([2.0 ** -10, 2.0 ** -10 * 1.0001, 3 * 2.0 ** -10])) == [0, 1, 2]
+    nib = gq.e2m1_nibbles(Q.E2M1)
+    assert list(nib) == list(range(8)) + [0] + list(range(9, 16)), list(nib)   # -0 packs as +0
+    grid = Q.E2M1[:8]
+    mids = (grid[:-1] + grid[1:]) / 2                      # 0.25 0.75 1.25 1.75 2.5 3.5 5
+    assert list(gq.e2m1_nibbles(mids)) == [0, 2, 2, 4, 4, 6, 6]
+    assert list(gq.e2m1_nibbles([-0.75, -0.2, 7.0, -100.0])) == [10, 0, 7, 15]
+
+
+def packed_roundtrip(kind, x, pow2=False):
+    """Quantizes x [R, C] through gen_quant into a file, decodes it through quant_np:
+    (decoded, source rounded to bf16, per-element scale)."""
+    name = f"m.{kind}.weight"
+    pk = gq.Packed(kind, name, x.shape, lambda rows: (x[r:r + rows] for r in range(0, x.shape[0], rows)),
+                   fp8_pow2=pow2)
+    d = os.path.join(TMP, f"rt-{kind}-{pow2}-{x.shape[0]}x{x.shape[1]}")
+    os.makedirs(d, exist_ok=True)
+    w = st.SafeTensorsWriter(os.path.join(d, "model.safetensors"), [p for p in pk.parts])
+    for n, _, _ in pk.parts:
+        pk.write(w, n)
+    w.close()
+    qc = {"fp8": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+          "int4": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                   "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                       "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                       "group_size": 32}}}},
+          "mxfp4": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+                    "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                        "num_bits": 4, "type": "float", "symmetric": True, "strategy": "group",
+                        "group_size": 32}}}}}[kind]
+    ck = st.Checkpoint(d)
+    W = Q.Weights(ck, Q.QuantConfig(qc), lambda n: True)
+    dec = W.get(name)
+    mod = name[:-7]
+    R, C = x.shape
+    if kind == "fp8":
+        s = ck.get(mod + ".weight_scale_inv", np.float64)
+        S = np.repeat(np.repeat(s, 128, 0)[:R], 128, 1)[:, :C]
+    elif kind == "int4":
+        S = np.repeat(ck.get(mod + ".weight_scale", np.float64), 32, 1)
+    else:
+        S = np.repeat(Q.e8m0(ck.files["model.safetensors"].raw(mod + ".weight_scale")), 32, 1)
+    ck.close()
+    return dec, gq.bf16_round(x).astype(np.float64), S
+
+
+@test
+def generator_round_trip():
+    rng = np.random.default_rng(7)
+    report = []
+    # FP8 with edge blocks: the error is at most half a quantum of the block's scale
+    x = (rng.standard_normal((200, 300)) * 0.05).astype(np.float32)
+    x[3, 4] = 0.0
+    x[150:, 260:] *= 1e-3                                  # a block of small values
+    for pow2 in (False, True):
+        dec, src, S = packed_roundtrip("fp8", x, pow2)
+        y = np.abs(src) / S
+        assert y.max() <= 448 * (1 + 2 ** -22), "a float32 amax/448 may round down: 448 (1 + ulp)"
+        quantum = np.where(y < 2.0 ** -6, 2.0 ** -9, np.ldexp(1.0, np.frexp(y)[1] - 4)) * S
+        err = np.abs(dec - src)
+        assert (err <= quantum / 2 + 1e-300).all(), f"fp8 pow2={pow2}: error beyond half a quantum"
+        assert dec[3, 4] == 0.0
+        if pow2:
+            s = np.unique(S)
+            assert (np.frexp(s)[0] == 0.5).all(), "ue8m0 scales must be powers of two"
+        else:
+            # the block's largest magnitude lands near 448 * scale
+            assert np.isclose(np.max(np.abs(dec[:128, :128])), np.max(np.abs(src[:128, :128])), rtol=2 ** -4)
+        report.append(f"fp8{'/ue8m0' if pow2 else ''} max rel {float(np.max(err / np.abs(src).max())):.1e}")
+    # representable inputs come back exactly (scale 1: amax 448)
+    v = Q.E4M3[[c for c in range(127)]] * np.where(np.arange(127) % 2, 1, -1)
+    x = np.tile(np.append(v, 448.0), (4, 1)).astype(np.float32)
+    dec, src, _ = packed_roundtrip("fp8", x)
+    assert np.array_equal(dec, src), "e4m3 values with scale 1 must round-trip"
+    # INT4: error at most half a step (the bf16 scale may put the group's max just past 7.5)
+    x = (rng.standard_normal((70, 96)) * 0.1).astype(np.float32)
+    dec, src, S = packed_roundtrip("int4", x)
+    err = np.abs(dec - src)
+    assert (err <= S * (0.5 + 7.5 * 2 ** -8)).all(), "int4 error"
+    g = np.abs(src).reshape(70, 3, 32).max(-1)
+    assert np.allclose(S[:, ::32], st.bf16_to_f32(st.f32_to_bf16((g / 7.5).astype(np.float32))))
+    report.append(f"int4 max err/scale {float(np.max(err / S)):.2f}")
+    # MXFP4: scale 2^(floor(log2 amax) - 2); in-range values within half a grid step,
+    # the saturated top (amax/scale in (6, 8)) within 2 scales
+    x = (rng.standard_normal((70, 64)) * 0.1).astype(np.float32)
+    dec, src, S = packed_roundtrip("mxfp4", x)
+    y = np.abs(src) / S
+    g = np.abs(src).reshape(70, 2, 32).max(-1)
+    assert np.array_equal(S[:, ::32], np.ldexp(1.0, np.frexp(g)[1] - 1 - 2))
+    err = np.abs(dec - src) / S
+    assert (err[y <= 6] <= np.where(y[y <= 6] <= 2, 0.25, np.where(y[y <= 6] <= 4, 0.5, 1.0))).all()
+    assert (err[y > 6] < 2).all() and (np.abs(dec[y > 6]) / S[y > 6] == 6).all()
+    report.append(f"mxfp4 saturated {int((y > 6).sum())} of {y.size}")
+    return ", ".join(report)
+
+
+# ---- quantization_config ------------------------------------------------------
+
+def qcfg_of(d):
+    return Q.read_quant_config(d)
+
+
+@test
+def configs_as_shipped():
+    """The configs the suite writes: fields as the shipped checkpoints spell them,
+    and which module each keeps in which format."""
+    raw = {n: json.load(open(os.path.join(suite_model(n), "config.json"))) for n in SUITE}
+    ds = raw["fp8-ds-v3"]["quantization_config"]
+    assert ds == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                  "weight_block_size": [128, 128]}, ds
+    qw = raw["fp8-qwen3-moe"]["quantization_config"]
+    assert "fmt" not in qw and qw["modules_to_not_convert"][:3] == \
+        ["lm_head", "model.layers.0.input_layernorm", "model.layers.0.mlp.gate"]
+    assert raw["fp8-v31-ue8m0"]["quantization_config"]["scale_fmt"] == "ue8m0"
+    k2 = raw["int4-k2-thinking"]["quantization_config"]
+    assert k2["ignore"] == ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                            "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"], k2["ignore"]
+    assert k2["format"] == "pack-quantized" and k2["config_groups"]["group_0"]["targets"] == ["Linear"]
+    assert k2["config_groups"]["group_0"]["weights"]["type"] == "int"
+    k25 = raw["int4-k25-wrapper"]
+    assert "quantization_config" not in k25 and "quantization_config" in k25["text_config"]
+    assert k25["text_config"]["quantization_config"]["ignore"][-3:] == \
+        ["re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"]
+    mx = raw["mxfp4-k2"]["text_config"]["quantization_config"]
+    g0 = mx["config_groups"]["group_0"]
+    assert mx["format"] == g0["format"] == "mxfp4-pack-quantized"
+    assert g0["weights"]["scale_dtype"] == "torch.uint8" and g0["weights"]["type"] == "float"
+    mixed = raw["mixed-int4-mxfp4"]["quantization_config"]
+    assert mixed["format"] == "mixed-precision" and \
+        [g["format"] for g in mixed["config_groups"].values()] == ["pack-quantized", "mxfp4-pack-quantized"]
+    # module -> scheme, read back by the reference
+    want = {
+        "fp8-ds-v3": {"model.layers.1.self_attn.kv_b_proj": "fp8", "model.layers.0.mlp.down_proj": "fp8",
+                      "model.layers.2.mlp.experts.3.up_proj": "fp8",
+                      "model.layers.2.mlp.shared_experts.gate_proj": "fp8",
+                      "model.layers.2.mlp.gate": None, "lm_head": None},
+        "fp8-qwen3-moe": {"model.layers.0.self_attn.q_proj": "fp8", "model.layers.1.mlp.up_proj": "fp8",
+                          "model.layers.0.mlp.experts.7.down_proj": "fp8", "model.layers.0.mlp.gate": None,
+                          "lm_head": None},
+        "int4-k2-thinking": {"model.layers.1.mlp.experts.0.gate_proj": "int4", "model.layers.0.mlp.gate_proj": None,
+                             "model.layers.1.self_attn.q_a_proj": None,
+                             "model.layers.1.mlp.shared_experts.down_proj": None,
+                             "lm_head": None},
+        "int4-k25-wrapper": {"language_model.model.layers.2.mlp.experts.5.down_proj": "int4",
+                             "language_model.lm_head": None, "language_model.model.layers.2.self_attn.o_proj": None,
+                             "vision_tower.encoder.blocks.0.wqkv": None, "mm_projector.proj.0": None},
+        "mixed-int4-mxfp4": {"model.layers.1.mlp.experts.2.down_proj": "int4",
+                             "model.layers.1.self_attn.kv_b_proj": "mxfp4", "model.layers.0.mlp.up_proj": "mxfp4",
+                             "model.layers.1.mlp.shared_experts.up_proj": "mxfp4", "lm_head": None},
+    }
+    for name, mods in want.items():
+        q = qcfg_of(suite_model(name))
+        lin = qwen3_ref.is_linear if name.startswith("fp8-qwen3") else D.is_linear
+        for mod, kind in mods.items():
+            s = q.scheme(mod, lin(mod + ".weight"))
+            assert (s.kind if s else None) == kind, f"{name}: {mod}: {s} != {kind}"
+
+
+@test
+def ignore_and_targets_semantics():
+    q = Q.QuantConfig({"quant_method": "compressed-tensors", "format": "pack-quantized",
+                       "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                           "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                           "group_size": 32}}},
+                       "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                                  "re:vision_tower.*"]})
+    cases = {("lm_head", True): None, ("language_model.lm_head", True): "int4",   # exact names only
+             ("model.layers.0.mlp.gate_proj", True): None, ("model.layers.1.mlp.experts.0.gate_proj", True): "int4",
+             ("model.layers.1.mlp.gate", False): None, ("x.vision_tower.a", True): "int4",
+             ("vision_tower.a", True): None, ("model.layers.0.self_attn.o_proj", True): None}
+    for (mod, lin), kind in cases.items():
+        s = q.scheme(mod, lin)
+        assert (s.kind if s else None) == kind, f"{mod}: {s}"
+    f = Q.QuantConfig({"quant_method": "fp8", "weight_block_size": [128, 128],
+                       "modules_to_not_convert": ["model.layers.1.mlp.gate", "model.layers.*.self_attn"]})
+    assert f.scheme("model.layers.1.mlp.gate", True) is None
+    assert f.scheme("model.layers.1.mlp.gate_proj", True).kind == "fp8"     # whole parts only
+    assert f.scheme("model.layers.3.self_attn.q_proj", True) is None
+    assert f.scheme("lm_head", True) is None and f.scheme("model.embed_tokens", False) is None
+    # two groups naming one module is ambiguous
+    two = {"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {
+        n: {"format": "pack-quantized", "targets": t, "weights": {"num_bits": 4, "type": "int",
+            "symmetric": True, "strategy": "group", "group_size": 32}}
+        for n, t in (("a", ["Linear"]), ("b", ["re:.*experts.*"]))}}
+    try:
+        Q.QuantConfig(two).scheme("m.experts.0.up_proj", True)
+    except ValueError as e:
+        assert "a, b" in str(e)
+    else:
+        raise AssertionError("a module in two groups was accepted")
+
+
+@test
+def bad_configs_are_refused():
+    fp8 = json.load(open(os.path.join(suite_model("fp8-ds-v3"), "config.json")))["quantization_config"]
+    ct = json.load(open(os.path.join(suite_model("int4-k2-thinking"), "config.json")))["quantization_config"]
+    mx = json.load(open(os.path.join(suite_model("mxfp4-k2"), "config.json")))["text_config"]["quantization_config"]
+
+    def w(base, **kw):
+        c = json.loads(json.dumps(base))
+        c["config_groups"]["group_0"]["weights"].update(kw)
+        return c
+
+    def g(base, **kw):
+        c = json.loads(json.dumps(base))
+        c["config_groups"]["group_0"].update(kw)
+        return c
+    cases = [
+        (dict(fp8, quant_method="awq"), "quant_method"), (dict(fp8, fmt="e5m2"), "fmt"),
+        (dict(fp8, activation_scheme="static"), "activation_scheme"),
+        (dict(fp8, weight_block_size=[64, 64]), "weight_block_size"), (dict(fp8, scale_fmt="e4m3"), "scale_fmt"),
+        (dict(ct, format="float-quantized"), "format"), (dict(ct, format="naive-quantized"), "format"),
+        (w(ct, num_bits=8), "group_0.weights.num_bits"), (w(ct, type="float"), "group_0.weights.type"),
+        (w(ct, symmetric=False), "group_0.weights.symmetric"), (w(ct, strategy="channel"), "group_0.weights.strategy"),
+        (w(ct, group_size=128), "group_0.weights.group_size"), (w(ct, dynamic=True), "group_0.weights.dynamic"),
+        (w(ct, actorder="group"), "group_0.weights.actorder"),
+        (w(ct, zp_dtype="torch.int8"), "group_0.weights.zp_dtype"),
+        (w(mx, scale_dtype="torch.float16"), "group_0.weights.scale_dtype"),
+        (w(mx, type="int"), "group_0.weights.type"),
+        (g(ct, input_activations={"num_bits": 8, "type": "float", "dynamic": True}), "group_0.input_activations"),
+        (g(ct, format="mxfp4-pack-quantized"), "group_0.format"),
+        (dict(ct, quantization_status="frozen"), "quantization_status"),
+        (dict(ct, kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme"),
+        (dict(ct, format="mixed-precision"), "group_0.format"),
+        (dict(ct, config_groups={}), "config_groups"),
+    ]
+    for qc, field in cases:
+        try:
+            Q.QuantConfig(qc)
+        except ValueError as e:
+            assert f"field quantization_config.{field}" in str(e) or \
+                f"quantization_config.config_groups.{field}" in str(e), f"{field}: {e}"
+        else:
+            raise AssertionError(f"accepted a bad {field}")
+    # a wrapper whose two configs disagree
+    bad = os.path.join(TMP, "two-configs")
+    shutil.copytree(suite_model("mxfp4-k2"), bad)
+    raw = json.load(open(os.path.join(bad, "config.json")))
+    raw["quantization_config"] = ct
+    json.dump(raw, open(os.path.join(bad, "config.json"), "w"))
+    try:
+        Q.read_quant_config(bad)
+    except ValueError as e:
+        assert "text_config.quantization_config" in str(e)
+    else:
+        raise AssertionError("two disagreeing configs accepted")
+    return f"{len(cases)} refused"
+
+
+def edit_checkpoint(src, name, fn):
+    """A copy of single-file checkpoint src whose tensors {name: [dtype, raw]} fn edits."""
+    d = os.path.join(TMP, name)
+    shutil.copytree(src, d)
+    path = os.path.join(d, "model.safetensors")
+    f = st.SafeTensorsFile(path)
+    t = {n: [f.info(n)[0], np.array(f.raw(n))] for n in f.keys()}
+    f.close()
+    fn(t)
+    w = st.SafeTensorsWriter(path, [(n, dt, a.shape) for n, (dt, a) in t.items()])
+    for n, (dt, a) in t.items():
+        w.write_part(n, a, raw=True)
+    w.close()
+    return d
+
+
+@test
+def bad_tensors_are_refused():
+    fp8, int4, mx = suite_model("fp8-ds-v3"), suite_model("int4-k2-thinking"), suite_model("mixed-int4-mxfp4")
+    kvb = "model.layers.1.self_attn.kv_b_proj"
+    exp = "model.layers.1.mlp.experts.3.down_proj"
+    att = "model.layers.1.self_attn.o_proj"
+
+    def setv(n, f):
+        return lambda t: t[n].__setitem__(1, f(t[n][1]))
+    cases = [
+        (fp8, lambda t: t[kvb + ".weight_scale_inv"].__setitem__(1, t[kvb + ".weight_scale_inv"][1][:1]),
+         kvb + ".weight_scale_inv", "shape"),
+        (fp8, setv(kvb + ".weight_scale_inv", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 1,
+                                                                 np.float32("nan"), a)),
+         kvb + ".weight_scale_inv", "non-finite"),
+        (fp8, lambda t: t.pop(kvb + ".weight_scale_inv"), kvb + ".weight_scale_inv", "missing"),
+        (fp8, setv(kvb + ".weight", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 5, 0x7F, a)
+                   .astype(np.uint8)), kvb + ".weight", "NaN code"),
+        (fp8, lambda t: t[kvb + ".weight_scale_inv"].__setitem__(0, "BF16") or
+         t[kvb + ".weight_scale_inv"].__setitem__(1, st.f32_to_bf16(t[kvb + ".weight_scale_inv"][1])),
+         kvb + ".weight_scale_inv", "dtype"),
+        (int4, setv(exp + ".weight_shape", lambda a: a + np.array([0, 32], dtype=a.dtype)),
+         exp + ".weight_shape", "disagrees"),
+        (int4, lambda t: t.pop(exp + ".weight_scale"), exp + ".weight_scale", "missing"),
+        (int4, lambda t: t.__setitem__(exp + ".weight_zero_point", ["I32", np.zeros((64, 1), np.int32)]),
+         exp + ".weight_zero_point", "present"),
+        (int4, lambda t: t.__setitem__(att + ".weight_scale_inv", ["F32", np.ones((1, 1), np.float32)]),
+         att + ".weight_scale_inv", "present"),
+        (int4, setv(exp + ".weight_scale", lambda a: a[:, :0]), exp + ".weight_scale", "shape"),
+        (mx, setv(att + ".weight_scale", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 3, 255, a)
+                  .astype(np.uint8)), att + ".weight_scale", "NaN"),
+        (mx, lambda t: t[att + ".weight_packed"].__setitem__(0, "I32") or
+         t[att + ".weight_packed"].__setitem__(1, t[att + ".weight_packed"][1].view(np.int32)),
+         att + ".weight_packed", "dtype"),
+    ]
+    for i, (src, fn, tensor, what) in enumerate(cases):
+        d = edit_checkpoint(src, f"bad-{i}", fn)
+        m = load_ref(d)
+        try:
+            m.logits([1, 2, 3])
+        except ValueError as e:
+            assert f"tensor {tensor}" in str(e) and what in str(e), f"case {i}: {e}"
+        else:
+            raise AssertionError(f"case {i}: accepted a bad {tensor} ({what})")
+        m.close()
+    # config says quantized, tensors plain: the BF16 twin under an FP8 config
+    d = os.path.join(TMP, "plain-under-fp8")
+    shutil.copytree(bf16_twin("fp8-v31-ue8m0"), d)
+    raw = json.load(open(os.path.join(d, "config.json")))
+    raw["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    json.dump(raw, open(os.path.join(d, "config.json"), "w"))
+    m = load_ref(d)
+    try:
+        m.logits([1])
+    except ValueError as e:
+        assert "weight_scale_inv: missing" in str(e), str(e)
+    else:
+        raise AssertionError("plain weights under an FP8 config accepted")
+    m.close()
+    return f"{len(cases) + 1} refused"
+
+
+# ---- the quantized suite models ---------------------------------------------
+
+FP8_MODULES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "k_proj",
+               "v_proj", "gate_proj", "up_proj", "down_proj", "eh_proj", "head")
+
+
+def expected_kind(name, mod):
+    """The format the shipped checkpoints give module `mod` of suite model `name`."""
+    last = mod.split(".")[-1]
+    if last in ("embed_tokens", "lm_head", "gate") or "norm" in last or mod.startswith(("vision", "mm_")):
+        return None
+    if name.startswith("fp8"):
+        return "fp8" if last in FP8_MODULES else None
+    is_expert = ".mlp.experts." in mod
+    if name.startswith("mixed"):
+        return "int4" if is_expert else "mxfp4"
+    return name.split("-")[0] if is_expert else None
+
+
+DT = {None: {"weight": "BF16"}, "fp8": {"weight": "F8_E4M3", "weight_scale_inv": "F32"},
+      "int4": {"weight_packed": "I32", "weight_scale": "BF16", "weight_shape": "I32"},
+      "mxfp4": {"weight_packed": "U8", "weight_scale": "U8"}}
+
+
+@test
+def suite_layouts_as_shipped():
+    """Every tensor of every formats-suite checkpoint: the stored format the shipped
+    checkpoints use for that module (and nothing else), every weight the forward
+    pass reads present; the stored bytes of one routed expert against BF16."""
+    report = []
+    for name in SUITE:
+        d = suite_model(name)
+        ck, twin = st.Checkpoint(d), st.Checkpoint(bf16_twin(name))
+        mods = {}
+        for n in ck.keys():
+            mod, _, suf = n.rpartition(".")
+            mods.setdefault(mod, {})[suf] = ck.info(n)
+        for mod, parts in mods.items():
+            comp = {s for s in parts if s == "weight" or s.startswith("weight_")}
+            if not comp:
+                continue
+            if "weight" in parts and len(parts["weight"][1]) != 2:       # norms, conv patches
+                assert parts["weight"][0] == "BF16", f"{name}: {mod}: {parts['weight']}"
+                continue
+            kind = expected_kind(name, mod)
+            got = {s: parts[s][0] for s in comp}
+            assert got == DT[kind], f"{name}: {mod}: {got} != {DT[kind]}"
+            if kind == "fp8":
+                (R, C), grid = parts["weight"][1], parts["weight_scale_inv"][1]
+                assert grid == (-(-R // 128), -(-C // 128)), f"{name}: {mod}: grid {grid}"
+            elif kind:
+                assert parts["weight_scale"][1][0] == parts["weight_packed"][1][0]
+        m = load_ref(d)
+        for full in getattr(m, "shapes", ()):
+            assert full in m.weights, f"{name}: {full} missing"
+        m.close()
+        layer = 0 if name.startswith("fp8-qwen3") else 1
+        ex = [n for n in ck.keys() if f".layers.{layer}.mlp.experts.0." in n]
+        stored = sum(st.itemsize(ck.info(n)[0]) * int(np.prod(ck.info(n)[1])) for n in ex)
+        bf16 = sum(2 * int(np.prod(twin.info(n)[1])) for n in twin.keys()
+                   if f".layers.{layer}.mlp.experts.0." in n)
+        report.append(f"{name} {stored}/{bf16}")
+        ck.close()
+        twin.close()
+    return "expert bytes stored/bf16: " + "; ".join(report)
+
+
+def check_decoded_close(name):
+    """Each weight the forward reads, decoded, against the same-seed BF16 twin: equal
+    where stored plainly, within the format's error where quantized. Returns the
+    worst relative error per format."""
+    m, t = load_ref(suite_model(name)), load_ref(bf16_twin(name))
+    worst = {}
+    names = getattr(m, "shapes", None) or \
+        [mod + ".weight" for mod, sufs in m.weights.mods.items() if sufs & {"weight", "weight_packed"}]
+    for full in names:
+        if not full.endswith(".weight"):
+            continue
+        a, b = m.weights.get(full), t.weights.get(full)
+        kind = m.weights.scheme(full)
+        kind = kind.kind if kind else None
+        if kind is None:
+            assert np.array_equal(a, b), f"{name}: {full} differs from its BF16 twin"
+            continue
+        e = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+        worst[kind] = max(worst.get(kind, 0.0), e)
+    m.close()
+    t.close()
+    return worst
+
+
+@test
+def decoded_weights_match_their_bf16_twins():
+    bound = {"fp8": 0.04, "int4": 0.15, "mxfp4": 0.15}
+    report = []
+    for name in SUITE:
+        worst = check_decoded_close(name)
+        assert worst, f"{name}: nothing quantized"
+        for k, e in worst.items():
+            assert 0 < e < bound[k], f"{name}: {k} relative error {e:.3f}"
+        report.append(f"{name} " + " ".join(f"{k} {e:.3f}" for k, e in sorted(worst.items())))
+    return "; ".join(report)
+
+
+@test
+def quantized_models_are_not_degenerate():
+    report = []
+    for name in SUITE:
+        m = load_ref(suite_model(name))
+        L = m.logits(toks(3, vocab=m.cfg.vocab))
+        spread = float(np.mean(np.std(L, axis=1)))
+        assert 0.5 < spread < 10 and len(set(L.argmax(1))) > 24, f"{name}: spread {spread}"
+        t = load_ref(bf16_twin(name))
+        Lb = t.logits(toks(3, vocab=m.cfg.vocab))
+        report.append(f"{name} vs bf16 twin {rel_err(L, Lb):.0e}")
+        m.close()
+        t.close()
+    return "; ".join(report)
+
+
+@test
+def float32_drift_is_small():
+    worst = 0.0
+    for name in SUITE:
+        d = suite_model(name)
+        t = toks(9, vocab=vocab(d))
+        worst = max(worst, rel_err(load_ref(d, np.float32).logits(t), load_ref(d).logits(t)))
+    assert worst < TOL / 5, f"float32 drift {worst:.2e} is near the tolerance"
+    return f"float32 drift {worst:.1e} vs tol {TOL:g}"
+
+
+# ---- the checker ------------------------------------------------------------
+
+@contextlib.contextmanager
+def decode_bug(bug):
+    """quant_np with one plausible decoding bug, as an engine might have it."""
+    saved = {k: getattr(Q, k) for k in ("decode_fp8_block", "unpack_int4", "unpack_fp4", "e8m0", "E2M1")}
+    if bug == "fp8_scale_divides":
+        Q.decode_fp8_block = lambda q, s, block=(128, 128): saved["decode_fp8_block"](q, 1.0 / s, block)
+    if bug == "fp8_one_scale_per_row_block":
+        Q.decode_fp8_block = lambda q, s, block=(128, 128): saved["decode_fp8_block"](
+            q, np.repeat(s[:, :1], s.shape[1], 1), block)
+    if bug == "int4_nibbles_reversed":
+        Q.unpack_int4 = lambda p, cols: saved["unpack_int4"](p, -(-cols // 8) * 8).reshape(
+            p.shape[0], -1, 8)[:, :, ::-1].reshape(p.shape[0], -1)[:, :cols]
+    if bug == "int4_twos_complement":     # nibble read as signed 4-bit instead of q + 8
+        Q.unpack_int4 = lambda p, cols: (saved["unpack_int4"](p, cols) + 8) % 16
+    if bug == "mxfp4_nibbles_swapped":
+        Q.unpack_fp4 = lambda p, cols: saved["unpack_fp4"](
+            ((p & 0xF) << 4) | (p >> 4), cols)
+    if bug == "e8m0_bias_126":
+        Q.e8m0 = lambda s: saved["e8m0"](s) * 2.0
+    if bug == "e2m1_as_integers":
+        Q.E2M1 = np.array([float(c & 7) * (-1 if c & 8 else 1) for c in range(16)])
+    try:
+        with np.errstate(all="ignore"):      # some bugs overflow: that is the point
+            yield
+    finally:
+        for k, v in saved.items():
+            setattr(Q, k, v)
+
+
+@test
+def checker_catches_decoding_bugs():
+    cases = [("fp8-ds-v3", "fp8_scale_divides"), ("fp8-ds-v3", "fp8_one_scale_per_row_block"),
+             ("fp8-qwen3-moe", "fp8_one_scale_per_row_block"), ("int4-k2-thinking", "int4_nibbles_reversed"),
+             ("int4-k25-wrapper", "int4_twos_complement"), ("mxfp4-k2", "mxfp4_nibbles_swapped"),
+             ("mxfp4-k2", "e8m0_bias_126"), ("mixed-int4-mxfp4", "e2m1_as_integers")]
+    report = []
+    for name, bug in cases:
+        d = suite_model(name)
+        t = toks(10, vocab=vocab(d))
+        ref = load_ref(d).logits(t)
+        with decode_bug(bug):
+            eng = load_ref(d, np.float32).logits(t)
+        ok, summ, det = check_model.compare_logits(ref, eng, TOL)
+        assert not ok, f"{bug} went unnoticed on {name}: {summ}"
+        report.append(f"{bug} rel={det.get('rel', float('nan')):.0e}")
+    return ", ".join(report)
+
+
+@test
+def hf_bf16_materialization_is_measured():
+    """Hugging Face dequantizes to BF16 weights before the matmul; an engine that
+    decodes exactly (f32) differs from that by BF16 rounding of the weights. How
+    far, on the suite's FP8 and MXFP4 models (INT4 x BF16 scale is exact in BF16
+    only when the product fits 8 bits)."""
+    report = []
+    for name in ("fp8-ds-v3", "int4-k2-thinking", "mxfp4-k2"):
+        d = suite_model(name)
+        m = load_ref(d)
+        t = toks(11, vocab=m.cfg.vocab)
+        exact = m.logits(t)
+        m.W.clear()
+        get = m.weights.get
+        m.weights.get = lambda n, out=np.float64: gq.bf16_round(get(n).astype(np.float32)).astype(out) \
+            if n.endswith(".weight") else get(n, out)
+        hf = m.logits(t)
+        m.close()
+        report.append(f"{name} {rel_err(hf, exact):.0e}")
+    return "bf16-materialized vs exact: " + ", ".join(report)
+
+
+@test
+def checker_end_to_end():
+    """check_model with the float32 reference posing as the engine passes every
+    formats-suite model (whole sequence, and fp8-ds-v3 token by token too)."""
+    fake = f"{sys.executable} {os.path.join(HERE, 'ref_engine.py')}"
+    lines = []
+    for name in SUITE:
+        ok, line = check_model.check_model(suite_model(name), fake, name)
+        assert ok, line
+        lines.append(line.split(" rel=")[1].split()[0])
+    ok, line = check_model.check_model(suite_model("fp8-ds-v3"), fake, "fp8-ds-v3", batch=1)
+    assert ok, line
+    return "rel " + " ".join(lines)
+
+
+def main():
+    global TMP
+    TMP = tempfile.mkdtemp(prefix="df-quant-ref-test-")
+    failed = 0
+    try:
+        for fn in TESTS:
+            try:
+                note = fn()
+                print(f"ok   {fn.__name__}" + (f"  ({note})" if note else ""), flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAIL {fn.__name__}", flush=True)
+                traceback.print_exc(file=sys.stdout)
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    print(f"{len(TESTS) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
