@@ -2,7 +2,7 @@
  * test_engine.c - the engine through its public API on synthetic checkpoints
  * (tests/make_test_models.sh): a row's logits are bit-identical whatever the
  * batch it is evaluated in, the thread count and the kernel path; truncation
- * replays exactly; bad calls and bad directories fail cleanly.
+ * replays exactly (a KV cache and a latent cache); bad calls and bad directories fail cleanly.
  */
 #include "testutil.h"
 
@@ -103,9 +103,8 @@ static void test_deepseek_v3_bit_exact(void **st) { (void)st; check_identical(2)
 static void test_deepseek_v2_bit_exact(void **st) { (void)st; check_identical(3); }
 static void test_dense_bit_exact(void **st) { (void)st; check_identical(1); }
 
-static void test_truncate_replays(void **st) {
-    (void)st;
-    df_engine_opts o = {.model_dir = model(0), .n_threads = 2};
+static void check_truncate(int which) {
+    df_engine_opts o = {.model_dir = model(which), .n_threads = 2};
     df_engine *e;
     df_error err;
     assert_int_equal(df_engine_open(&e, &o, &err), DF_OK);
@@ -136,6 +135,10 @@ static void test_truncate_replays(void **st) {
     df_session_free(s);
     df_engine_close(e);
 }
+
+static void test_truncate_replays(void **st) { (void)st; check_truncate(0); }
+/* the latent cache: rows past the rollback point are left and overwritten */
+static void test_truncate_replays_deepseek(void **st) { (void)st; check_truncate(2); }
 
 static void test_open_errors(void **st) {
     (void)st;
@@ -189,7 +192,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_bit_exact),   cmocka_unit_test(test_dense_bit_exact),
         cmocka_unit_test(test_deepseek_v3_bit_exact), cmocka_unit_test(test_deepseek_v2_bit_exact),
-        cmocka_unit_test(test_truncate_replays), cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_truncate_replays), cmocka_unit_test(test_truncate_replays_deepseek),
+        cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_text_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

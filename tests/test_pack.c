@@ -3,7 +3,10 @@
  * ($DF_TEST_MODELS/engine-moe) with 1, 2 and 3 stripes and read every record
  * back byte for byte; verify; corruption, interrupted and resumed packs, a
  * different model, broken pack sets, a truncated data file and a full disk
- * (injected, and a real 200 KiB tmpfs when the test may mount one).
+ * (injected, and a real 200 KiB tmpfs when the test may mount one). The
+ * DeepSeek-V3 family's sharded checkpoints pack the same way: routed experts
+ * only (shared experts stay with the always-active weights), parts named in
+ * the manifest, a fingerprint that is stable and tells the models apart.
  */
 #include "testutil.h"
 
@@ -27,6 +30,13 @@ static df_model g_m;
 static df_pack_ckpt g_ck; /* g_m as the pack sees it */
 
 static df_pack_ckpt ckpt_of(const df_model *m) { return (df_pack_ckpt){NULL, &m->cfg, m->st, &m->experts}; }
+
+/* Records of g_m's pack: one per routed expert of each MoE layer. */
+static int n_records(void) {
+    int n = 0;
+    for (int li = 0; li < g_m.cfg.num_hidden_layers; li++) n += g_m.cfg.layer_is_moe[li] ? g_m.cfg.num_experts : 0;
+    return n;
+}
 
 static const char *tmp(const char *name) {
     static char bufs[16][600];
@@ -83,7 +93,7 @@ static void pack_ok(const char *const *dirs, int n) {
     int rc = pack_into(dirs, n, NULL, &res, &e);
     if (rc) fail_msg("pack: %s", e.msg);
     assert_false(res.up_to_date);
-    assert_int_equal(res.records, 16);
+    assert_int_equal(res.records, n_records());
 }
 
 /* Every record of the model read back through the pack equals the checkpoint's
@@ -94,7 +104,7 @@ static void check_all_records(const char *const *dirs, int n) {
     int rc = df_pack_open(&p, dirs, n, &g_ck, &e);
     if (rc) fail_msg("open: %s", e.msg);
     assert_int_equal(df_pack_stripes(p), n);
-    assert_int_equal(df_pack_count(p), 16);
+    assert_int_equal(df_pack_count(p), n_records());
     uint8_t *buf = aligned_alloc(DF_PACK_ALIGN, df_pack_max_padded(p));
     assert_non_null(buf);
     int idx = 0;
@@ -137,7 +147,7 @@ static void check_all_records(const char *const *dirs, int n) {
             for (uint64_t b = off; b < r->padded; b++) assert_int_equal(buf[b], 0);
         }
     }
-    assert_null(df_pack_find(p, 0, 8));
+    assert_null(df_pack_find(p, g_m.cfg.num_hidden_layers - 1, g_m.cfg.num_experts));
     assert_null(df_pack_find(p, 99, 0));
     assert_null(df_pack_find(p, -1, 0));
     for (int s = 0; s < n; s++) {
@@ -873,6 +883,95 @@ static void test_cli(void **st) {
     assert_int_equal(run_cli(3, "--verify", out0, out1), 2);
 }
 
+/* ---- the DeepSeek-V3 family ------------------------------------------------------------------------ */
+
+static df_model g_moe; /* engine-moe while a test runs on another checkpoint */
+static char g_moe_dir[512];
+
+/* Per-test setup: the tests' checkpoint (g_model, g_m, g_ck) becomes engine-ds
+ * (sharded: its experts lie in four files; q-LoRA MLA, one shared expert, a
+ * dense first layer); the teardown puts engine-moe back. */
+static int on_ds(void **st) {
+    (void)st;
+    const char *d = getenv("DF_TEST_MODELS");
+    g_moe = g_m; /* moved back into g_m (whose address its weight list holds) */
+    snprintf(g_moe_dir, sizeof g_moe_dir, "%s", g_model);
+    snprintf(g_model, sizeof g_model, "%s/engine-ds", d ? d : "build/test-models");
+    df_error e = {0};
+    if (df_model_load(&g_m, g_model, &e)) return fprintf(stderr, "%s\n", e.msg), -1;
+    g_ck = ckpt_of(&g_m);
+    return 0;
+}
+
+static int off_ds(void **st) {
+    (void)st;
+    df_model_free(&g_m);
+    g_m = g_moe;
+    snprintf(g_model, sizeof g_model, "%s", g_moe_dir);
+    g_ck = ckpt_of(&g_m);
+    return 0;
+}
+
+/* Packs of 1 and 2 stripes read back byte for byte, verify, are up to date
+ * when packed again (roundtrip); they hold the routed experts and nothing
+ * else, the manifest names the layout's parts, and the fingerprint is stable
+ * and is not engine-moe's. */
+static void test_family_pack(void **st) {
+    (void)st;
+    assert_string_equal(g_m.cfg.model_type, "deepseek_v3");
+    assert_true(g_m.cfg.n_shared_experts > 0);
+    roundtrip(1, "ds1");
+    roundtrip(2, "ds2");
+    const char *one[1] = {tmp("rtds1-0")};
+    /* the records hold exactly the routed experts' bytes */
+    df_pack *p;
+    df_error e = {0};
+    assert_int_equal(df_pack_open(&p, one, 1, &g_ck, &e), 0);
+    uint64_t bytes = 0;
+    for (int i = 0; i < df_pack_count(p); i++) bytes += df_pack_at(p, i)->length;
+    assert_int_equal(bytes, g_m.experts.bytes);
+    assert_int_equal(bytes, g_m.bytes_experts);
+    uint64_t shared = 0;
+    for (size_t i = 0; i < df_st_count(g_m.st); i++)
+        if (strstr(df_st_at(g_m.st, i)->name, ".shared_experts.")) shared += df_st_at(g_m.st, i)->nbytes;
+    assert_true(shared > 0);
+    assert_true(g_m.bytes_dense >= shared); /* counted with the always-active weights */
+    char fp[DF_PACK_FP_HEX + 1], fp2[DF_PACK_FP_HEX + 1], fp_moe[DF_PACK_FP_HEX + 1];
+    assert_int_equal(df_pack_fingerprint(&g_ck, fp, &e), 0);
+    assert_string_equal(df_pack_model_fingerprint(p), fp);
+    df_pack_close(p);
+    /* the manifest: the family, the layout's part names, no shared expert */
+    size_t len;
+    char *man = slurp(one[0], "manifest.json", &len);
+    assert_non_null(man);
+    assert_non_null(strstr(man, "\"architecture\": \"deepseek_v3\""));
+    for (int k = 0; k < g_m.experts.layout->n_parts; k++) {
+        char q[160];
+        snprintf(q, sizeof q, "[\"%s\", \"BF16\"", g_m.experts.layout->part[k]);
+        assert_non_null(strstr(man, q));
+    }
+    assert_null(strstr(man, "shared"));
+    free(man);
+    /* stable: again, and from the checkpoint loaded anew; another model's differs */
+    assert_int_equal(df_pack_fingerprint(&g_ck, fp2, &e), 0);
+    assert_string_equal(fp, fp2);
+    df_model m2;
+    assert_int_equal(df_model_load(&m2, g_model, &e), 0);
+    df_pack_ckpt ck2 = ckpt_of(&m2);
+    assert_int_equal(df_pack_fingerprint(&ck2, fp2, &e), 0);
+    assert_string_equal(fp, fp2);
+    df_model_free(&m2);
+    df_pack_ckpt moe = ckpt_of(&g_moe);
+    assert_int_equal(df_pack_fingerprint(&moe, fp_moe, &e), 0);
+    assert_string_not_equal(fp, fp_moe);
+    /* the engine-moe checkpoint is refused by this pack, and by name */
+    expect_err(df_pack_open(&p, one, 1, &moe, &e), &e, "different model", one[0]);
+    /* the command line: pack the sharded checkpoint, verify */
+    char *out = (char *)tmp("ds-cli");
+    assert_int_equal(run_cli(5, "--quiet", "--model", g_model, "--out", out), 0);
+    assert_int_equal(run_cli(2, "--verify", out), 0);
+}
+
 /* ---- fixture ------------------------------------------------------------------------------------ */
 
 static int setup(void **st) {
@@ -919,6 +1018,7 @@ int main(void) {
         cmocka_unit_test(test_enospc_tmpfs),
         cmocka_unit_test(test_tmpfs_and_buffered),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test_setup_teardown(test_family_pack, on_ds, off_ds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

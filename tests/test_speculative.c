@@ -13,6 +13,9 @@
  * for a draft model (q != p: rejections and residual draws), a one-hot drafter
  * and the target as its own draft; the same test tells two temperatures apart,
  * so it can fail. Errors: a draft with another vocabulary is refused by name.
+ * The greedy identity holds for a DeepSeek-V3 target too (drafted by itself,
+ * by a DeepSeek-V2 MoE model, by lookup and the oracles), whose latent cache
+ * a rejected draft leaves rows in past the position it rolls back to.
  */
 #include "testutil.h"
 
@@ -31,7 +34,12 @@
 #define N_PROMPTS 6
 
 static char moe_dir[512], dense_dir[512], v512_dir[512], tmp[256], pack_dir[300];
+static char ds_dir[512], ds_v2_dir[512], ds_pack_dir[300];
 static int V;
+/* The target model of the identity tests, its pack, and an unrelated draft
+ * with its tokenizer: engine-moe and engine-dense, or engine-ds and engine-ds-v2. */
+static const char *target = moe_dir, *target_pack = pack_dir, *other_draft = dense_dir;
+static int n_prompts = N_PROMPTS; /* of the identity tests: 3 cover greedy, a penalty and sampling */
 
 static const char *models(void) {
     const char *d = getenv("DF_TEST_MODELS");
@@ -39,10 +47,10 @@ static const char *models(void) {
 }
 
 static df_engine *open_target(bool streamed, int threads) {
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = threads};
+    df_engine_opts o = {.model_dir = target, .n_threads = threads};
     if (streamed) {
         /* two cache slots: nearly every expert use in a batch is a read */
-        df_engine_opts probe = {.model_dir = moe_dir, .n_threads = 1, .experts = pack_dir,
+        df_engine_opts probe = {.model_dir = target, .n_threads = 1, .experts = target_pack,
                                 .expert_cache = (uint64_t)1 << 40};
         df_engine *e;
         df_error err;
@@ -50,7 +58,7 @@ static df_engine *open_target(bool streamed, int threads) {
         df_stats st;
         df_engine_stats(e, &st);
         df_engine_close(e);
-        o.experts = pack_dir;
+        o.experts = target_pack;
         o.expert_cache = 2 * (st.cache_bytes / (uint64_t)st.cache_slots);
     }
     df_engine *e;
@@ -164,8 +172,8 @@ typedef struct arm {
 static void check_identity(bool streamed, int threads) {
     df_engine *e = open_target(streamed, threads);
     arm arms[] = {
-        {"lookup", 0, 0, 0},  {"lookup", 4, 0, 1},    {"lookup", 8, 0, 3},   {moe_dir, 0, 0, 0},
-        {moe_dir, 3, 0, 0},   {dense_dir, 2, 0, 0},   {dense_dir, 0, 0, 0},  {"oracle", 1, 0, 0},
+        {"lookup", 0, 0, 0},  {"lookup", 4, 0, 1},    {"lookup", 8, 0, 3},   {target, 0, 0, 0},
+        {target, 3, 0, 0},    {other_draft, 2, 0, 0}, {other_draft, 0, 0, 0},  {"oracle", 1, 0, 0},
         {"oracle", 5, 8, 0},  {"oracle", 0, 0, 0},    {"wrong", 0, 0, 0},
     };
     int n_arms = (int)(sizeof arms / sizeof arms[0]);
@@ -184,7 +192,7 @@ static void check_identity(bool streamed, int threads) {
         df_spec_set_fixed_depth(sps[a], arms[a].fixed);
         if (is_fn) df_spec_set_drafter(sps[a], oracle_draft, &orc[a]);
     }
-    for (int pi = 0; pi < N_PROMPTS; pi++) {
+    for (int pi = 0; pi < n_prompts; pi++) {
         int32_t prompt[64], ref[MAX_NEW], got[MAX_NEW];
         int n = make_prompt(pi, prompt);
         /* greedy, greedy with a penalty (history matters per row), sampling with a seed */
@@ -201,9 +209,9 @@ static void check_identity(bool streamed, int threads) {
             spec_decode(e, sp, prompt, n, &par, MAX_NEW, got);
             for (int i = 0; i < MAX_NEW; i++)
                 if (got[i] != ref[i])
-                    fail_msg("prompt %d, draft %s fixed %d (%s, %d threads): token %d is %d, plain decoding "
-                             "gives %d",
-                             pi, arms[a].draft, arms[a].fixed, streamed ? "streamed" : "resident", threads, i,
+                    fail_msg("%s: prompt %d, draft %s fixed %d (%s, %d threads): token %d is %d, plain "
+                             "decoding gives %d",
+                             target, pi, arms[a].draft, arms[a].fixed, streamed ? "streamed" : "resident", threads, i,
                              got[i], ref[i]);
             df_spec_stats_get(sp, &after);
             assert_int_equal(after.tokens - before.tokens, MAX_NEW);
@@ -215,7 +223,7 @@ static void check_identity(bool streamed, int threads) {
         df_spec_stats st;
         df_spec_stats_get(sps[a], &st);
         if (!strcmp(arms[a].draft, "lookup")) accepted_lookup += st.accepted;
-        if (!strcmp(arms[a].draft, moe_dir)) accepted_self += st.accepted, drafted_self += st.drafted;
+        if (!strcmp(arms[a].draft, target)) accepted_self += st.accepted, drafted_self += st.drafted;
         if (!strcmp(arms[a].draft, "oracle") && arms[a].fixed)
             accepted_oracle += st.accepted, drafted_oracle += st.drafted;
         df_spec_free(sps[a]);
@@ -230,6 +238,20 @@ static void check_identity(bool streamed, int threads) {
 
 static void test_greedy_identity_resident(void **st) { (void)st; check_identity(false, 1); }
 static void test_greedy_identity_streamed(void **st) { (void)st; check_identity(true, 2); }
+
+/* cmocka per-test setups: the identity tests' target (and V, its vocabulary) */
+static int set_target(const char *dir, const char *pack, const char *other, int prompts) {
+    target = dir, target_pack = pack, other_draft = other, n_prompts = prompts;
+    df_engine_opts o = {.model_dir = target};
+    df_engine *e;
+    df_error err;
+    if (df_engine_open(&e, &o, &err)) return -1;
+    V = df_engine_info(e)->vocab_size;
+    df_engine_close(e);
+    return 0;
+}
+static int on_ds(void **st) { (void)st; return set_target(ds_dir, ds_pack_dir, ds_v2_dir, 3); }
+static int on_moe(void **st) { (void)st; return set_target(moe_dir, pack_dir, dense_dir, N_PROMPTS); }
 
 /* ---- the gate ---------------------------------------------------------------------- */
 
@@ -450,10 +472,13 @@ static int setup(void **state) {
     snprintf(tmp, sizeof tmp, "/tmp/deltafin-test-spec-%d", (int)getpid());
     mkdir(tmp, 0755);
     snprintf(pack_dir, sizeof pack_dir, "%s/pack", tmp);
+    snprintf(ds_dir, sizeof ds_dir, "%s/engine-ds", models());
+    snprintf(ds_v2_dir, sizeof ds_v2_dir, "%s/engine-ds-v2", models());
+    snprintf(ds_pack_dir, sizeof ds_pack_dir, "%s/pack-ds", tmp);
     df_error err;
     df_pack_write_opts wo = {0};
-    const char *one[] = {pack_dir};
-    if (df_pack_write(moe_dir, one, 1, &wo, NULL, &err)) {
+    const char *one[] = {pack_dir}, *ds_one[] = {ds_pack_dir};
+    if (df_pack_write(moe_dir, one, 1, &wo, NULL, &err) || df_pack_write(ds_dir, ds_one, 1, &wo, NULL, &err)) {
         fprintf(stderr, "pack: %s\n", err.msg);
         return -1;
     }
@@ -476,6 +501,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_identity_resident),
         cmocka_unit_test(test_greedy_identity_streamed),
+        cmocka_unit_test_setup_teardown(test_greedy_identity_resident, on_ds, on_moe),
+        cmocka_unit_test_setup_teardown(test_greedy_identity_streamed, on_ds, on_moe),
         cmocka_unit_test(test_gate_switches_off_wrong_drafter),
         cmocka_unit_test(test_sampling_distribution),
         cmocka_unit_test(test_draft_errors),

@@ -2,10 +2,18 @@
  * test_stream.c - expert streaming is exact: logits through the expert store
  * (from a pack with 1 or 2 stripes, or straight from the safetensors) are
  * bit-identical to the all-resident run, for every cache size from one slot
- * to every expert, with 1 and 2 threads, in batches and token by token; and
- * read faults (corrupted record, missing pack) are clean errors. The
- * always-active matrices a streaming engine reads from its own copy in RAM
- * hold the checkpoint's bytes, and a checkpoint cut short is a clean error.
+ * to every expert, with 1 and 2 threads, in batches and token by token, with
+ * every prefetch mode and depth and either cache policy; and read faults
+ * (corrupted record, missing pack) are clean errors. The always-active
+ * matrices a streaming engine reads from its own copy in RAM hold the
+ * checkpoint's bytes, and a checkpoint cut short is a clean error.
+ *
+ * The same checks run on the Qwen3-MoE checkpoint and on the DeepSeek-V3
+ * family's (MLA, a scored router with groups and a correction bias or a
+ * softmax one, shared experts and a dense first layer, all kept in RAM); on
+ * a DeepSeek-V3 checkpoint whose layers between two routers add nothing, the
+ * router lookahead must predict the second router's choice exactly, which
+ * only the family's own router can.
  */
 #include "testutil.h"
 
@@ -14,6 +22,7 @@
 #include "model/model.h"
 #include "engine/dev.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,10 +33,26 @@
 
 #define NTOK 40
 
-static char moe_dir[512], tmp[256], pack1[300], pack2a[300], pack2b[300], packs2[700];
+/* A checkpoint under test, its packs and its all-resident logits. */
+typedef struct model {
+    const char *name;    /* under $DF_TEST_MODELS */
+    int moe_layers[2];   /* its MoE layers */
+    int top_k, n_experts; /* routed experts per token; in all MoE layers */
+    char dir[512], pack1[300], pack2a[300], pack2b[300], packs2[700];
+    float *ref;
+    int V;
+    size_t slot[3];      /* slot bytes from the safetensors, pack1, packs2; 0: not known yet */
+} model;
+
+static model MODELS[] = {
+    {.name = "engine-moe", .moe_layers = {0, 2}, .top_k = 3, .n_experts = 16},
+    {.name = "engine-ds", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
+    {.name = "engine-ds-v2", .moe_layers = {1, 2}, .top_k = 3, .n_experts = 16},
+};
+#define N_MODELS (int)(sizeof MODELS / sizeof MODELS[0])
+static model *M = &MODELS[0]; /* the model the tests run on */
+static char tmp[256];
 static int32_t toks[NTOK];
-static float *ref;
-static int V;
 
 typedef struct arm {
     const char *experts; /* NULL: safetensors */
@@ -38,10 +63,15 @@ typedef struct arm {
     int depth;
 } arm;
 
-static double sim_gbs; /* run() with a simulated disk of this bandwidth; 0: none */
+static double sim_gbs;      /* run() with a simulated disk of this bandwidth; 0: none */
+static const char *policy;  /* run() with this cache policy; NULL: the default */
 
+/* Bytes of one cache slot: asked of an engine once per model and source
+ * (each open parses a tokenizer, most of a run's time under the sanitizers). */
 static size_t slot_bytes(const char *experts) {
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = experts,
+    int k = !experts ? 0 : !strcmp(experts, M->pack1) ? 1 : !strcmp(experts, M->packs2) ? 2 : -1;
+    if (k >= 0 && M->slot[k]) return M->slot[k];
+    df_engine_opts o = {.model_dir = M->dir, .n_threads = 1, .experts = experts,
                         .expert_cache = (uint64_t)1 << 40};
     df_engine *e;
     df_error err;
@@ -49,12 +79,14 @@ static size_t slot_bytes(const char *experts) {
     df_stats st;
     df_engine_stats(e, &st);
     df_engine_close(e);
-    return st.cache_bytes / (size_t)st.cache_slots;
+    size_t b = st.cache_bytes / (size_t)st.cache_slots;
+    if (k >= 0) M->slot[k] = b;
+    return b;
 }
 
 static float *run_dev(const arm *a, df_stats *st_out, df_dev_stats *dev_out) {
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = a->threads, .experts = a->experts,
-                        .prefetch = a->prefetch};
+    df_engine_opts o = {.model_dir = M->dir, .n_threads = a->threads, .experts = a->experts,
+                        .prefetch = a->prefetch, .cache_policy = policy};
     df_engine_dev dev = {.prefetch_depth = a->depth, .sim_disk_bps = sim_gbs * 1e9};
     if (a->slots) o.expert_cache = (uint64_t)a->slots * slot_bytes(a->experts);
     df_engine *e;
@@ -62,10 +94,10 @@ static float *run_dev(const arm *a, df_stats *st_out, df_dev_stats *dev_out) {
     if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
     df_session *s;
     assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
-    float *lg = malloc(sizeof(float) * (size_t)V * NTOK);
+    float *lg = malloc(sizeof(float) * (size_t)M->V * NTOK);
     for (int i = 0; i < NTOK; i += a->step) {
         int k = NTOK - i < a->step ? NTOK - i : a->step;
-        if (df_session_eval(s, toks + i, k, lg + (size_t)i * V, 1, &err)) fail_msg("eval: %s", err.msg);
+        if (df_session_eval(s, toks + i, k, lg + (size_t)i * M->V, 1, &err)) fail_msg("eval: %s", err.msg);
     }
     if (st_out) df_engine_stats(e, st_out);
     if (dev_out) df_engine_dev_stats(e, dev_out);
@@ -76,54 +108,79 @@ static float *run_dev(const arm *a, df_stats *st_out, df_dev_stats *dev_out) {
 
 static float *run(const arm *a, df_stats *st_out) { return run_dev(a, st_out, NULL); }
 
-static int setup(void **state) {
-    (void)state;
+/* Packs model m with 1 and 2 stripes and runs it all resident. */
+static int setup_model(model *m) {
     const char *d = getenv("DF_TEST_MODELS");
-    snprintf(moe_dir, sizeof moe_dir, "%s/engine-moe", d ? d : "build/test-models");
-    snprintf(tmp, sizeof tmp, "/tmp/deltafin-test-stream-%d", (int)getpid());
-    mkdir(tmp, 0755);
-    snprintf(pack1, sizeof pack1, "%s/p1", tmp);
-    snprintf(pack2a, sizeof pack2a, "%s/p2a", tmp);
-    snprintf(pack2b, sizeof pack2b, "%s/p2b", tmp);
-    snprintf(packs2, sizeof packs2, "%s,%s", pack2b, pack2a); /* any order */
+    snprintf(m->dir, sizeof m->dir, "%s/%s", d ? d : "build/test-models", m->name);
+    snprintf(m->pack1, sizeof m->pack1, "%s/%s-p1", tmp, m->name);
+    snprintf(m->pack2a, sizeof m->pack2a, "%s/%s-p2a", tmp, m->name);
+    snprintf(m->pack2b, sizeof m->pack2b, "%s/%s-p2b", tmp, m->name);
+    snprintf(m->packs2, sizeof m->packs2, "%s,%s", m->pack2b, m->pack2a); /* any order */
     df_error err;
     df_pack_write_opts wo = {0};
-    const char *one[] = {pack1}, *two[] = {pack2a, pack2b};
-    if (df_pack_write(moe_dir, one, 1, &wo, NULL, &err) || df_pack_write(moe_dir, two, 2, &wo, NULL, &err)) {
-        fprintf(stderr, "pack: %s\n", err.msg);
+    const char *one[] = {m->pack1}, *two[] = {m->pack2a, m->pack2b};
+    if (df_pack_write(m->dir, one, 1, &wo, NULL, &err) || df_pack_write(m->dir, two, 2, &wo, NULL, &err)) {
+        fprintf(stderr, "pack %s: %s\n", m->name, err.msg);
         return -1;
     }
+    df_model_info info;
+    {
+        df_engine_opts o = {.model_dir = m->dir, .n_threads = 1};
+        df_engine *e;
+        if (df_engine_open(&e, &o, &err)) return fprintf(stderr, "open %s: %s\n", m->name, err.msg), -1;
+        info = *df_engine_info(e);
+        df_engine_close(e);
+    }
+    /* the table above describes the checkpoint */
+    if (info.n_experts_active != m->top_k || info.n_experts * 2 != m->n_experts) {
+        fprintf(stderr, "%s: top-%d of %d experts, not as the test says\n", m->name, info.n_experts_active,
+                info.n_experts);
+        return -1;
+    }
+    m->V = info.vocab_size;
+    model *was = M;
+    M = m;
+    arm r = {NULL, 0, 2, NTOK, NULL, 0};
+    m->ref = run(&r, NULL);
+    M = was;
+    return 0;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp, sizeof tmp, "/tmp/deltafin-test-stream-%d", (int)getpid());
+    mkdir(tmp, 0755);
     uint32_t x = 777;
     for (int i = 0; i < NTOK; i++) {
         x = x * 1664525u + 1013904223u;
         toks[i] = (int32_t)((x >> 8) % 1000);
     }
-    arm r = {NULL, 0, 2, NTOK, NULL, 0};
-    df_engine_opts o = {.model_dir = moe_dir};
-    df_engine *e;
-    if (df_engine_open(&e, &o, &err)) return -1;
-    V = df_engine_info(e)->vocab_size;
-    df_engine_close(e);
-    ref = run(&r, NULL);
+    for (int i = 0; i < N_MODELS; i++)
+        if (setup_model(&MODELS[i])) return -1;
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    free(ref);
+    for (int i = 0; i < N_MODELS; i++) free(MODELS[i].ref);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* cmocka per-test setups: which model the test runs on */
+static int on_moe(void **state) { (void)state; M = &MODELS[0]; return 0; }
+static int on_ds(void **state) { (void)state; M = &MODELS[1]; return 0; }
+static int on_ds_v2(void **state) { (void)state; M = &MODELS[2]; return 0; }
+
 static void check(const arm *a) {
     float *got = run(a, NULL);
     for (int r = 0; r < NTOK; r++)
-        if (memcmp(ref + (size_t)r * V, got + (size_t)r * V, sizeof(float) * (size_t)V))
-            fail_msg("experts %s, %d slots, %d threads, step %d, prefetch %s depth %d: row %d differs "
-                     "from resident",
-                     a->experts ? a->experts : "safetensors", a->slots, a->threads, a->step,
-                     a->prefetch ? a->prefetch : "default", a->depth, r);
+        if (memcmp(M->ref + (size_t)r * M->V, got + (size_t)r * M->V, sizeof(float) * (size_t)M->V))
+            fail_msg("%s: experts %s, %d slots, %d threads, step %d, prefetch %s depth %d, policy %s: row %d "
+                     "differs from resident",
+                     M->name, a->experts ? a->experts : "safetensors", a->slots, a->threads, a->step,
+                     a->prefetch ? a->prefetch : "default", a->depth, policy ? policy : "default", r);
     free(got);
 }
 
@@ -133,7 +190,7 @@ static void test_pack_every_budget(void **state) {
     int slots[] = {1, 2, 3, 5, 8, 16, 64};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
         for (int th = 1; th <= 2; th++) {
-            arm a = {pack1, slots[i], th, i % 2 ? 1 : NTOK, NULL, 0};
+            arm a = {M->pack1, slots[i], th, i % 2 ? 1 : NTOK, NULL, 0};
             check(&a);
         }
 }
@@ -142,7 +199,7 @@ static void test_striped(void **state) {
     (void)state;
     int slots[] = {1, 3, 16};
     for (size_t i = 0; i < 3; i++) {
-        arm a = {packs2, slots[i], 2, i == 1 ? 1 : 7, NULL, 0};
+        arm a = {M->packs2, slots[i], 2, i == 1 ? 1 : 7, NULL, 0};
         check(&a);
     }
 }
@@ -160,13 +217,13 @@ static void test_safetensors_path(void **state) {
 static void test_stats(void **state) {
     (void)state;
     df_stats all, one;
-    arm a = {pack1, 64, 1, 1, NULL, 0}; /* more than every expert: capped to all + transient */
+    arm a = {M->pack1, 64, 1, 1, NULL, 0}; /* more than every expert: capped to all + transient */
     free(run(&a, &all));
-    assert_true(all.expert_misses <= 16);
+    assert_true(all.expert_misses <= (uint64_t)M->n_experts);
     assert_int_equal(all.expert_hits + all.expert_misses, all.expert_requests);
     assert_true(all.expert_hits > 0);
     assert_string_equal(all.expert_source, "pack");
-    arm b = {pack1, 1, 1, 1, NULL, 0};
+    arm b = {M->pack1, 1, 1, 1, NULL, 0};
     free(run(&b, &one));
     assert_true(one.expert_misses > all.expert_misses);
     assert_true(one.expert_bytes_read > all.expert_bytes_read);
@@ -185,7 +242,7 @@ static void test_prefetch_exact(void **state) {
         for (int depth = 1; depth <= 2; depth++)
             for (int i = 0; i < 3; i++, k++) {
                 if (m == 0 && depth == 2) continue; /* off: depth means nothing */
-                arm a = {k % 5 == 4 ? NULL : k % 3 ? pack1 : packs2, slots[i], 1 + k % 2,
+                arm a = {k % 5 == 4 ? NULL : k % 3 ? M->pack1 : M->packs2, slots[i], 1 + k % 2,
                          k % 3 == 0 ? NTOK : k % 3 == 1 ? 1 : 7, modes[m], depth};
                 check(&a);
             }
@@ -200,15 +257,15 @@ static void test_prefetch_stats(void **state) {
         /* "on" reads only ranks whose uncached predictions were used, and which
          * those are in a few steps depends on which reads were still in flight:
          * a threshold under the prior makes it read whatever it predicts */
-        df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
-                            .expert_cache = 5 * slot_bytes(pack1), .prefetch = modes[m]};
+        df_engine_opts o = {.model_dir = M->dir, .n_threads = 1, .experts = M->pack1,
+                            .expert_cache = 5 * slot_bytes(M->pack1), .prefetch = modes[m]};
         df_engine_dev dev = {.prefetch_depth = 1, .prefetch_min_precision = 0.01};
         df_engine *e;
         df_error err;
         if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
         df_session *s;
         assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
-        float *lg = malloc(sizeof(float) * (size_t)V);
+        float *lg = malloc(sizeof(float) * (size_t)M->V);
         for (int i = 0; i < NTOK; i++) assert_int_equal(df_session_eval(s, toks + i, 1, lg, 0, &err), DF_OK);
         df_stats st;
         df_engine_stats(e, &st);
@@ -222,12 +279,13 @@ static void test_prefetch_stats(void **state) {
         /* bytes read on predictions are used or wasted, never both */
         uint64_t acc = st.prefetch_bytes_used + st.prefetch_bytes_wasted;
         assert_true(st.prefetch_bytes_used > 0);
-        assert_true(acc <= st.prefetch_reads * slot_bytes(pack1));
+        assert_true(acc <= st.prefetch_reads * slot_bytes(M->pack1));
         assert_true(acc <= st.expert_bytes_read);
         df_prefetch_layer pl[4];
         assert_int_equal(df_engine_prefetch_layers(e, pl, 4), 2);
-        assert_int_equal(pl[0].layer, 0);
-        assert_int_equal(pl[1].layer, 2);
+        assert_int_equal(pl[0].layer, M->moe_layers[0]);
+        assert_int_equal(pl[1].layer, M->moe_layers[1]);
+        uint64_t correct = 0;
         for (int l = 0; l < 2; l++) {
             assert_true(pl[l].correct <= pl[l].predicted);
             assert_true(pl[l].correct <= pl[l].actual);
@@ -235,14 +293,16 @@ static void test_prefetch_stats(void **state) {
             assert_true(pl[l].recall_router >= 0 && pl[l].recall_router <= 1);
             assert_true(pl[l].precision_first >= 0 && pl[l].precision_first <= 1);
             assert_true(pl[l].precision_prev >= 0 && pl[l].precision_prev <= 1);
-            assert_true(pl[l].ranks_read >= 0 && pl[l].ranks_read <= 3); /* the test model's top-k */
+            assert_true(pl[l].ranks_read >= 0 && pl[l].ranks_read <= M->top_k);
+            correct += pl[l].correct;
         }
+        assert_true(correct > 0); /* the predictions are right at least sometimes */
         free(lg);
         df_session_free(s);
         df_engine_close(e);
     }
     df_stats off;
-    arm b = {pack1, 5, 1, 1, "off", 1};
+    arm b = {M->pack1, 5, 1, 1, "off", 1};
     free(run(&b, &off));
     assert_string_equal(off.prefetch, "off");
     assert_int_equal(off.prefetch_reads, 0);
@@ -251,7 +311,7 @@ static void test_prefetch_stats(void **state) {
 
 static void test_prefetch_bad_options(void **state) {
     (void)state;
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1, .prefetch = "sometimes"};
+    df_engine_opts o = {.model_dir = M->dir, .n_threads = 1, .experts = M->pack1, .prefetch = "sometimes"};
     df_engine *e;
     df_error err;
     assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
@@ -271,14 +331,14 @@ static void test_prefetch_bad_options(void **state) {
 static void test_heat_and_pin(void **state) {
     (void)state;
     char heat[400];
-    snprintf(heat, sizeof heat, "%s/experts.heat", pack1);
+    snprintf(heat, sizeof heat, "%s/experts.heat", M->pack1);
     unlink(heat);
-    arm a = {pack1, 8, 1, NTOK, NULL, 0};
+    arm a = {M->pack1, 8, 1, NTOK, NULL, 0};
     check(&a); /* writes the heat at close */
     struct stat sb;
     assert_int_equal(stat(heat, &sb), 0);
-    size_t sz = slot_bytes(pack1);
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
+    size_t sz = slot_bytes(M->pack1);
+    df_engine_opts o = {.model_dir = M->dir, .n_threads = 1, .experts = M->pack1,
                         .expert_cache = 8 * sz, .pin_bytes = 4 * sz};
     df_engine *e;
     df_error err;
@@ -300,25 +360,25 @@ static void test_heat_and_pin(void **state) {
     /* lru through the same store */
     float *got;
     {
-        df_engine_opts lo = {.model_dir = moe_dir, .n_threads = 2, .experts = pack1,
+        df_engine_opts lo = {.model_dir = M->dir, .n_threads = 2, .experts = M->pack1,
                              .expert_cache = 3 * sz, .cache_policy = "lru"};
         assert_int_equal(df_engine_open(&e, &lo, &err), DF_OK);
         df_session *s;
         assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
-        got = malloc(sizeof(float) * (size_t)V * NTOK);
+        got = malloc(sizeof(float) * (size_t)M->V * NTOK);
         for (int i = 0; i < NTOK; i++)
-            assert_int_equal(df_session_eval(s, toks + i, 1, got + (size_t)i * V, 1, &err), DF_OK);
+            assert_int_equal(df_session_eval(s, toks + i, 1, got + (size_t)i * M->V, 1, &err), DF_OK);
         df_session_free(s);
         df_engine_close(e);
     }
-    assert_memory_equal(ref, got, sizeof(float) * (size_t)V * NTOK);
+    assert_memory_equal(M->ref, got, sizeof(float) * (size_t)M->V * NTOK);
     free(got);
 }
 
 static void test_corrupt_record(void **state) {
     (void)state;
     char path[400];
-    snprintf(path, sizeof path, "%s/experts.bin", pack1);
+    snprintf(path, sizeof path, "%s/experts.bin", M->pack1);
     FILE *f = fopen(path, "r+b");
     assert_non_null(f);
     fseek(f, 5000, SEEK_SET); /* inside the first record (layer 0 expert 0 or 1) */
@@ -326,7 +386,7 @@ static void test_corrupt_record(void **state) {
     fseek(f, 5000, SEEK_SET);
     fputc(c ^ 0x40, f);
     fclose(f);
-    df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = pack1,
+    df_engine_opts o = {.model_dir = M->dir, .n_threads = 1, .experts = M->pack1,
                         .expert_cache = (uint64_t)1 << 40};
     df_engine *e;
     df_error err;
@@ -355,12 +415,12 @@ static void test_corrupt_record(void **state) {
 static void test_short_reads_and_eintr(void **state) {
     (void)state;
     setenv("DF_TEST_IO_FAULTS", "short,eintr", 1);
-    arm a = {pack1, 3, 2, 1, NULL, 0}, b = {packs2, 5, 1, NTOK, NULL, 0}, c = {NULL, 2, 2, 7, NULL, 0};
+    arm a = {M->pack1, 3, 2, 1, NULL, 0}, b = {M->packs2, 5, 1, NTOK, NULL, 0}, c = {NULL, 2, 2, 7, NULL, 0};
     check(&a);
     check(&b);
     check(&c);
     df_stats st;
-    arm d = {pack1, 3, 1, NTOK, NULL, 0};
+    arm d = {M->pack1, 3, 1, NTOK, NULL, 0};
     free(run(&d, &st));
     unsetenv("DF_TEST_IO_FAULTS");
     assert_int_equal(st.expert_rereads, 0);
@@ -373,13 +433,13 @@ static void test_short_reads_and_eintr(void **state) {
  * pack: without one it is a clear error. */
 static void test_sim_disk(void **state) {
     (void)state;
-    arm a[] = {{pack1, 3, 2, 1, "off", 0}, {packs2, 5, 1, 7, "router", 1},
-               {pack1, 1, 2, NTOK, "on", 2}, {pack1, 16, 1, 1, "prev", 1}};
+    arm a[] = {{M->pack1, 3, 2, 1, "off", 0}, {M->packs2, 5, 1, 7, "router", 1},
+               {M->pack1, 1, 2, NTOK, "on", 2}, {M->pack1, 16, 1, 1, "prev", 1}};
     sim_gbs = 0.05;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) check(&a[i]);
     sim_gbs = 0;
     df_stats st;
-    arm slow = {pack1, 3, 1, 1, "off", 0};
+    arm slow = {M->pack1, 3, 1, 1, "off", 0};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     free(run(&slow, &st));
@@ -396,14 +456,14 @@ static void test_sim_disk(void **state) {
     double rate = sim_gbs * 1e9;
     sim_gbs = 0;
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    assert_memory_equal(lg, ref, sizeof(float) * (size_t)V * NTOK);
+    assert_memory_equal(lg, M->ref, sizeof(float) * (size_t)M->V * NTOK);
     free(lg);
     assert_true(sd.sim_disk_bps > 0);
     assert_true(ss.expert_bytes_read == st.expert_bytes_read);
     if ((double)ss.expert_bytes_read / secs > rate * 1.01)
         fail_msg("%llu bytes in %.3f s: faster than the simulated %.0f B/s",
                  (unsigned long long)ss.expert_bytes_read, secs, rate);
-    df_engine_opts o = {.model_dir = moe_dir};
+    df_engine_opts o = {.model_dir = M->dir};
     df_engine_dev dev = {.sim_disk_bps = 1e9};
     df_engine *e;
     df_error err;
@@ -416,17 +476,17 @@ static void test_sim_disk(void **state) {
 
 static void test_missing_pack(void **state) {
     (void)state;
-    df_engine_opts o = {.model_dir = moe_dir, .experts = "/nonexistent/pack-dir"};
+    df_engine_opts o = {.model_dir = M->dir, .experts = "/nonexistent/pack-dir"};
     df_engine *e;
     df_error err;
     int rc = df_engine_open(&e, &o, &err);
     assert_int_not_equal(rc, DF_OK);
     assert_non_null(strstr(err.msg, "/nonexistent/pack-dir"));
     /* only one of the two stripes */
-    o.experts = pack2a;
+    o.experts = M->pack2a;
     assert_int_not_equal(df_engine_open(&e, &o, &err), DF_OK);
     /* a budget too small for even one expert */
-    o.experts = pack1;
+    o.experts = M->pack1;
     o.expert_cache = 100;
     assert_int_equal(df_engine_open(&e, &o, &err), DF_ERR_ARG);
     assert_non_null(strstr(err.msg, "one expert"));
@@ -481,14 +541,24 @@ static void check_dense_copy(const char *dir, bool tied) {
     }
     assert_true(n_dense > 0);
     assert_true(n_moe > 0 || m.cfg.num_experts == 0);
+    /* shared experts are always active: copied (gate, up, down per MoE layer), never packed */
+    int n_shared = 0;
+    for (size_t i = 0; i < df_st_count(m.st); i++) {
+        const df_tensor *t = df_st_at(m.st, i);
+        if (!strstr(t->name, ".shared_experts.")) continue;
+        assert_false(m.is_expert[i]);
+        assert_non_null(df_model_ram_copy(&m, t));
+        n_shared++;
+    }
+    assert_int_equal(n_shared, m.cfg.n_shared_experts ? 3 * n_moe : 0);
     df_model_free(&m);
 }
 
 static void test_dense_copy(void **state) {
     (void)state;
     char dense[600];
-    snprintf(dense, sizeof dense, "%s/../engine-dense", moe_dir);
-    check_dense_copy(moe_dir, false); /* sharded, a dense MLP layer among MoE ones */
+    snprintf(dense, sizeof dense, "%s/../engine-dense", M->dir);
+    check_dense_copy(M->dir, false); /* sharded, a dense MLP layer among MoE ones */
     check_dense_copy(dense, true);
     /* a checkpoint cut short after it was opened: a clean error naming the tensor */
     char dir[300], from[700], to[400];
@@ -513,6 +583,133 @@ static void test_dense_copy(void **state) {
     df_model_free(&m);
 }
 
+/* The DeepSeek-V3 family's always-active matrices: MLA's, the dense first
+ * layer's and the shared experts' are copied, routed experts are not. */
+static void test_dense_copy_family(void **state) {
+    (void)state;
+    check_dense_copy(M->dir, false);
+}
+
+/* ---- the DeepSeek-V3 family ------------------------------------------------------ */
+
+/* The arms of the tests above, fewer (each open parses a tokenizer): a pack of
+ * 1 and 2 stripes and the safetensors; caches of one slot (less than one
+ * token's top-k), a few, and every expert; 1 and 2 threads, token by token and
+ * in batches; every prefetch mode at depths 1 and 2; lru; a simulated disk. */
+static void test_family_arms(void **state) {
+    (void)state;
+    const arm arms[] = {
+        {M->pack1, 1, 1, 1, "off", 0},     {M->pack1, 3, 2, NTOK, "off", 0},
+        {M->pack1, 6, 2, 7, "router", 1},  {M->pack1, 64, 1, NTOK, "router", 2},
+        {M->packs2, 2, 2, 1, "on", 1},     {M->packs2, 5, 1, 7, "prev", 1},
+        {NULL, 1, 2, 1, "router", 2},      {NULL, 5, 1, NTOK, "on", 2},
+        {M->pack1, 2, 1, 7, NULL, 0},
+    };
+    for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i++) check(&arms[i]);
+    policy = "lru";
+    arm lru = {M->pack1, 4, 2, 1, "on", 1};
+    check(&lru);
+    policy = NULL;
+    sim_gbs = 0.05;
+    arm slow = {M->packs2, 3, 2, 7, "router", 1};
+    check(&slow);
+    sim_gbs = 0;
+}
+
+/* Copies the regular files of directory `from` into `to` (made). */
+static void copy_dir(const char *from, const char *to) {
+    mkdir(to, 0755);
+    DIR *d = opendir(from);
+    assert_non_null(d);
+    struct dirent *de;
+    char a[1100], b[1100];
+    while ((de = readdir(d))) {
+        snprintf(a, sizeof a, "%s/%s", from, de->d_name);
+        struct stat sb;
+        if (stat(a, &sb) || !S_ISREG(sb.st_mode)) continue;
+        snprintf(b, sizeof b, "%s/%s", to, de->d_name);
+        df_test_copy_file(a, b);
+    }
+    closedir(d);
+}
+
+/* Zeros tensor `name` (as m, loaded from elsewhere, lays it out) in the copy in dir. */
+static void zero_tensor(const df_model *m, const char *dir, const char *name) {
+    const df_tensor *t = df_st_find(m->st, name);
+    if (!t) fail_msg("no tensor %s", name);
+    const char *path = df_st_file_path(m->st, t->file), *base = strrchr(path, '/');
+    char p[1100];
+    snprintf(p, sizeof p, "%s/%s", dir, base ? base + 1 : path);
+    int fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    void *z = calloc(1, t->nbytes);
+    assert_int_equal(pwrite(fd, z, t->nbytes, (off_t)t->file_offset), (ssize_t)t->nbytes);
+    free(z);
+    close(fd);
+}
+
+/* The router lookahead runs the family's own router. In a copy of the
+ * checkpoint where nothing between the first MoE layer's router and the
+ * second's changes the residual stream (the first layer's routed and shared
+ * experts and the second's attention output are zero), the second router's
+ * choice read ahead equals the choice it then makes, every step: any other
+ * router (no correction bias, no groups, softmax for sigmoid) would differ
+ * somewhere. The first MoE layer, predicted from the embeddings, is not
+ * exact (so the check can tell). Results stay those of the resident run. */
+static void test_lookahead_family_router(void **state) {
+    (void)state;
+    char dir[400], n[200];
+    snprintf(dir, sizeof dir, "%s/%s-flat", tmp, M->name);
+    copy_dir(M->dir, dir);
+    df_model m;
+    df_error err;
+    assert_int_equal(df_model_load(&m, M->dir, &err), DF_OK);
+    int l1 = M->moe_layers[0], l2 = M->moe_layers[1];
+    for (int e = 0; e < m.cfg.num_experts; e++) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.down_proj.weight", l1, e);
+        zero_tensor(&m, dir, n);
+    }
+    snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts.down_proj.weight", l1);
+    zero_tensor(&m, dir, n);
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.o_proj.weight", l2);
+    zero_tensor(&m, dir, n);
+    df_model_free(&m);
+    float *lg[2];
+    for (int streamed = 0; streamed < 2; streamed++) {
+        df_engine_opts o = {.model_dir = dir, .n_threads = 2};
+        if (streamed) o.expert_cache = 5 * slot_bytes(NULL), o.prefetch = "router";
+        df_engine_dev dev = {.prefetch_depth = 1};
+        df_engine *e;
+        if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
+        df_session *s;
+        assert_int_equal(df_session_new(&s, e, NTOK, &err), DF_OK);
+        lg[streamed] = malloc(sizeof(float) * (size_t)M->V * NTOK);
+        for (int i = 0, k; i < NTOK; i += k) { /* token by token, then batches */
+            k = i < NTOK / 2 ? 1 : NTOK - i < 7 ? NTOK - i : 7;
+            if (df_session_eval(s, toks + i, k, lg[streamed] + (size_t)i * M->V, 1, &err))
+                fail_msg("eval: %s", err.msg);
+        }
+        if (streamed) {
+            df_prefetch_layer pl[2];
+            assert_int_equal(df_engine_prefetch_layers(e, pl, 2), 2);
+            assert_int_equal(pl[1].layer, l2);
+            if (pl[1].actual == 0 || pl[1].correct != pl[1].actual || pl[1].predicted != pl[1].actual)
+                fail_msg("layer %d read ahead: %llu predicted, %llu right, %llu used", l2,
+                         (unsigned long long)pl[1].predicted, (unsigned long long)pl[1].correct,
+                         (unsigned long long)pl[1].actual);
+            assert_true(pl[0].correct < pl[0].actual);
+            df_stats st;
+            df_engine_stats(e, &st);
+            assert_true(st.prefetch_hits > 0);
+        }
+        df_session_free(s);
+        df_engine_close(e);
+    }
+    assert_memory_equal(lg[0], lg[1], sizeof(float) * (size_t)M->V * NTOK);
+    free(lg[0]);
+    free(lg[1]);
+}
+
 /* Sizes that would wrap give every expert a slot and no more: no budget (an
  * unlimited cache once became a negative slot count, "less than one
  * expert"), budgets and caches up to 2^64 - 1 bytes, a pinned tier as large;
@@ -522,13 +719,13 @@ static void test_huge_sizes(void **state) {
     (void)state;
     const uint64_t huge[] = {0, (uint64_t)400 << 40, UINT64_MAX};
     df_stats every;
-    arm a = {pack1, 64, 1, NTOK, NULL, 0}; /* more than every expert: capped to all + transient */
+    arm a = {M->pack1, 64, 1, NTOK, NULL, 0}; /* more than every expert: capped to all + transient */
     free(run(&a, &every));
     for (int src = 0; src < 2; src++) {
         for (int i = 0; i < 3; i++) {
             for (int as_cache = 0; as_cache < 2; as_cache++) {
                 if (!huge[i] && (as_cache || !src)) continue; /* no budget: only with a pack */
-                df_engine_opts o = {.model_dir = moe_dir, .n_threads = 1, .experts = src ? pack1 : NULL};
+                df_engine_opts o = {.model_dir = M->dir, .n_threads = 1, .experts = src ? M->pack1 : NULL};
                 if (as_cache) o.expert_cache = huge[i], o.pin_bytes = huge[i];
                 else o.ram_budget = huge[i];
                 df_engine *e;
@@ -560,6 +757,14 @@ int main(void) {
         cmocka_unit_test(test_prefetch_exact),    cmocka_unit_test(test_prefetch_stats),
         cmocka_unit_test(test_prefetch_bad_options), cmocka_unit_test(test_dense_copy),
         cmocka_unit_test(test_huge_sizes),
+        /* the DeepSeek-V3 family */
+        cmocka_unit_test_setup_teardown(test_family_arms, on_ds, on_moe),
+        cmocka_unit_test_setup_teardown(test_family_arms, on_ds_v2, on_moe),
+        cmocka_unit_test_setup_teardown(test_stats, on_ds, on_moe),
+        cmocka_unit_test_setup_teardown(test_prefetch_stats, on_ds, on_moe),
+        cmocka_unit_test_setup_teardown(test_lookahead_family_router, on_ds, on_moe),
+        cmocka_unit_test_setup_teardown(test_dense_copy_family, on_ds, on_moe),
+        cmocka_unit_test_setup_teardown(test_dense_copy_family, on_ds_v2, on_moe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
