@@ -5,7 +5,9 @@
 # field; the experts a run uses are exactly the trace's (read back from the heat
 # histogram the store persists next to the pack, which counts every use); output
 # made this way is marked in --stats, --events and `deltafin bench`; the server
-# refuses the option. Ends with "N passed, N failed".
+# refuses the option. The same holds on a DeepSeek-V3 checkpoint (a dense first
+# layer, a grouped router the trace's ids need not respect). Ends with "N passed,
+# N failed".
 set -u
 cd "$(dirname "$0")/.."
 ENG=${1:-build/deltafin-san}
@@ -80,6 +82,31 @@ if "$ENG" pack --model "$M" --out "$T/pack" >/dev/null 2>&1; then
     fi
 else
     bad pack "deltafin pack failed"
+fi
+
+# The DeepSeek-V3 family: engine-ds has MoE layers 1 and 2, 16 experts, top-4 in
+# 4 groups of which the router keeps 2; the trace puts layer 0's four in one group.
+DS=$MODELS/engine-ds
+trace "$T/ds.trace" 2 16 4 "0,1,2,3 15,14,13,12" "3,2,1,0 12,13,14,11"
+DS_RUN=(bench run --model "$DS" --prompt-tokens 5,9,200,31 --max-new 4 --temp 0 --print-ids --experts "$T/dspack")
+if "$ENG" pack --model "$DS" --out "$T/dspack" >/dev/null 2>&1; then
+    ds_want="0:0 0:1 0:2 0:3 1:11 1:12 1:13 1:14 1:15"
+    if "$ENG" "${DS_RUN[@]}" --replay-routing "$T/ds.trace" >"$T/ds-replayed" 2>"$T/err"; then
+        got=$(used "$T/dspack")
+        [ "$got" = "$ds_want" ] && ok ds-replayed-ids-used || bad ds-replayed-ids-used "experts used '$got', want '$ds_want'"
+    else
+        bad ds-replayed-ids-used "run failed: $(tail -3 "$T/err")"
+    fi
+    rm -f "$T/dspack/experts.heat"
+    if "$ENG" "${DS_RUN[@]}" >"$T/ds-own" 2>"$T/err"; then
+        got=$(used "$T/dspack")
+        [ "$got" != "$ds_want" ] && ! cmp -s "$T/ds-own" "$T/ds-replayed" && ok ds-own-routing-differs \
+            || bad ds-own-routing-differs "the router chose the trace's experts ('$got') or the same tokens"
+    else
+        bad ds-own-routing-differs "run failed: $(tail -3 "$T/err")"
+    fi
+else
+    bad ds-pack "deltafin pack failed"
 fi
 
 # Replayed output differs from the model's own (the ids change the sum) and is

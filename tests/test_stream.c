@@ -595,9 +595,9 @@ static void test_dense_copy_family(void **state) {
 /* The arms of the tests above, fewer (each open parses a tokenizer): a pack of
  * 1 and 2 stripes and the safetensors; caches of one slot (less than one
  * token's top-k), a few, and every expert; 1 and 2 threads, token by token and
- * in batches; every prefetch mode at depths 1 and 2; lru; a simulated disk. */
-static void test_family_arms(void **state) {
-    (void)state;
+ * in batches; every prefetch mode at depths 1 and 2; lru; a simulated disk.
+ * every: 1 runs them all, 2 every other one of the first nine. */
+static void family_arms(int every) {
     const arm arms[] = {
         {M->pack1, 1, 1, 1, "off", 0},     {M->pack1, 3, 2, NTOK, "off", 0},
         {M->pack1, 6, 2, 7, "router", 1},  {M->pack1, 64, 1, NTOK, "router", 2},
@@ -605,7 +605,7 @@ static void test_family_arms(void **state) {
         {NULL, 1, 2, 1, "router", 2},      {NULL, 5, 1, NTOK, "on", 2},
         {M->pack1, 2, 1, 7, NULL, 0},
     };
-    for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i++) check(&arms[i]);
+    for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i += (size_t)every) check(&arms[i]);
     policy = "lru";
     arm lru = {M->pack1, 4, 2, 1, "on", 1};
     check(&lru);
@@ -615,6 +615,11 @@ static void test_family_arms(void **state) {
     check(&slow);
     sim_gbs = 0;
 }
+
+static void test_family_arms(void **state) { (void)state; family_arms(1); }
+/* engine-ds-v2 differs in its router (softmax, greedy, not renormalised), two
+ * shared experts and q_proj: what streaming sees is the same */
+static void test_family_arms_few(void **state) { (void)state; family_arms(2); }
 
 /* Copies the regular files of directory `from` into `to` (made). */
 static void copy_dir(const char *from, const char *to) {
@@ -759,7 +764,7 @@ int main(void) {
         cmocka_unit_test(test_huge_sizes),
         /* the DeepSeek-V3 family */
         cmocka_unit_test_setup_teardown(test_family_arms, on_ds, on_moe),
-        cmocka_unit_test_setup_teardown(test_family_arms, on_ds_v2, on_moe),
+        cmocka_unit_test_setup_teardown(test_family_arms_few, on_ds_v2, on_moe),
         cmocka_unit_test_setup_teardown(test_stats, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_prefetch_stats, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_lookahead_family_router, on_ds, on_moe),

@@ -13,8 +13,10 @@ typedef struct df_engine_dev {
     /* A routing trace (# moe-routing-trace v1) whose tokens, in file order,
      * choose the experts of the rows evaluated, one trace token per row,
      * wrapping around at the end. The router still runs and the weights are
-     * its softmax probabilities of the replayed ids (renormalised when the
-     * model renormalises its top-k), so compute and bytes are those of a model
+     * its scores of the replayed ids as the family weights its own choice
+     * (Qwen3: softmax probabilities; the DeepSeek-V3 family: softmax or
+     * sigmoid scores, times routed_scaling_factor), renormalised when the
+     * model renormalises its top-k, so compute and bytes are those of a model
      * that routed this way; the output is not the model's own. The trace's MoE
      * layer count, experts per layer and top-k must match the model. NULL: the
      * model's own routing. */

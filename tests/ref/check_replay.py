@@ -2,15 +2,18 @@
 """check_replay - routing replay (`--replay-routing`) against the numpy reference.
 
 For each MoE model of the reference suite (norm_topk_prob on and off, MoE layers
-interleaved with dense ones), a seeded random trace of the model's shape (fewer
-tokens than the sequence, so it wraps around) goes through
+interleaved with dense ones) and two of the DeepSeek-V3 family's (sigmoid scores
+with groups and a correction bias, scaled; softmax, not renormalised), a seeded
+random trace of the model's shape (fewer tokens than the sequence, so it wraps
+around) goes through
     ENGINE bench logits --model DIR --tokens ... --out FILE --replay-routing TRACE
 and through the reference with its router overridden the same way: row t of the
 sequence uses trace token t mod n_tokens; each replayed id is weighted by the
-router's own softmax probability for it, renormalised over the k ids when the
-model renormalises its top-k. Pass: the same tolerance as check_model.py. The
-engine without replay, compared with the replayed reference, must fail it (so the
-comparison can tell replayed routing from the router's own).
+router's own score for it (Qwen3: its softmax probability; the DeepSeek family:
+its softmax or sigmoid score, scaled by routed_scaling_factor), renormalised over
+the k ids when the model renormalises its top-k. Pass: the same tolerance as
+check_model.py. The engine without replay, compared with the replayed reference,
+must fail it (so the comparison can tell replayed routing from the router's own).
 
     check_replay.py --engine build/deltafin-san [--dir build/test-models]
 Ends with "N passed, N failed".
@@ -27,9 +30,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import check_model  # noqa: E402
+import deepseek_ref  # noqa: E402
 import qwen3_ref  # noqa: E402
 
-MODELS = ["moe-bf16", "moe-sparse", "moe-sharded"]
+MODELS = ["moe-bf16", "moe-sparse", "moe-sharded", "ds-v3", "ds-v2"]
 N_TOKENS = 24
 TRACE_TOKENS = 10
 
@@ -53,6 +57,21 @@ class ReplayRef(qwen3_ref.Qwen3Ref):
         return idx, wts
 
 
+class ReplayDeepseekRef(deepseek_ref.DeepseekRef):
+    def __init__(self, model_dir, trace):
+        super().__init__(model_dir)
+        self.trace = trace
+        moe = [i for i in range(self.cfg.n_layers) if self.cfg.layer_is_moe(i)]
+        self.moe_index = {layer: j for j, layer in enumerate(moe)}
+
+    def route(self, i, h):
+        c = self.cfg
+        logits = h @ self.w(f"model.layers.{i}.mlp.gate.weight").T
+        T = h.shape[0]
+        idx = np.array([self.trace[t % len(self.trace)][self.moe_index[i]] for t in range(T)])
+        return idx, deepseek_ref.route_weights(c, deepseek_ref.scores(c, logits), idx)
+
+
 def write_trace(path, trace, n_experts, k):
     with open(path, "w") as f:
         f.write("# moe-routing-trace v1\n# model: check_replay\n")
@@ -71,7 +90,7 @@ def engine_logits(engine, d, tokens, extra, tmp):
 
 
 def check(engine, d, name, tmp):
-    ref = ReplayRef(d, [])
+    ref = (ReplayDeepseekRef if deepseek_ref.is_family(d) else ReplayRef)(d, [])
     c = ref.cfg
     rng = random.Random(name)
     n_moe = len(ref.moe_index)
@@ -106,7 +125,7 @@ def main():
         for name in MODELS:
             d = os.path.join(a.dir, "ref", name)
             try:
-                check_model.ensure_model(d, check_model.SUITE[name])
+                check_model.ensure_model(d, check_model.SUITES["all"][name])
                 res = check(a.engine, d, name, tmp)
             except Exception as e:  # noqa: BLE001 - reported as a failure
                 res = [(False, f"FAIL replay-{name}: {e}")]

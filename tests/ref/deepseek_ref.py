@@ -237,6 +237,24 @@ def _top(values, k):
     return np.argsort(-values, axis=-1, kind="stable")[:, :k]
 
 
+def scores(c, logits):
+    """The router's scores s [T, E]: softmax or sigmoid of the logits."""
+    return softmax(logits) if c.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
+
+
+def route_weights(c, s, idx):
+    """Routing weights [T, k] of experts idx [T, k] from the scores s alone:
+    renormalised to sum 1 when norm_topk_prob (and k > 1), times
+    routed_scaling_factor (deepseek_v2 scales only when it does not renormalise)."""
+    w = np.take_along_axis(s, idx, axis=-1)
+    normed = c.top_k > 1 and c.norm_topk
+    if normed:
+        w = w / (np.sum(w, axis=-1, keepdims=True) + w.dtype.type(1e-20))
+    if c.model_type != "deepseek_v2" or not normed:
+        w = w * w.dtype.type(c.scaling)
+    return w
+
+
 def route(c, logits, bias=None):
     """(idx [T,k], weights [T,k], min gap) for router logits [T, E].
     scores s = softmax or sigmoid(logits); selection values = s + bias for
@@ -249,7 +267,7 @@ def route(c, logits, bias=None):
     only when it does not renormalise). The gap is the smallest distance between
     the last kept and first dropped value, groups and experts, over all rows."""
     T, E = logits.shape
-    s = softmax(logits) if c.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
+    s = scores(c, logits)
     sel = s + bias[None, :] if c.method == "noaux_tc" else s.copy()
     gap = math.inf
     if c.method != "greedy" and c.n_group > 1:
@@ -271,13 +289,7 @@ def route(c, logits, bias=None):
         fin = np.isfinite(sv[:, 1])
         if fin.any():
             gap = min(gap, float(np.min(sv[fin, 0] - sv[fin, 1])))
-    w = np.take_along_axis(s, idx, axis=-1)
-    normed = c.top_k > 1 and c.norm_topk
-    if normed:
-        w = w / (np.sum(w, axis=-1, keepdims=True) + w.dtype.type(1e-20))
-    if c.model_type != "deepseek_v2" or not normed:
-        w = w * w.dtype.type(c.scaling)
-    return idx, w, gap
+    return idx, route_weights(c, s, idx), gap
 
 
 def expected_tensors(c, prefix=""):
