@@ -2,6 +2,10 @@
  * engine/residency.c - the weights that stay in RAM, mapped in before the first token:
  * prefaulting (routed experts only when they do not stream) and 2 MiB
  * mappings for resident weights (why: docs/architecture.md, "Residency").
+ * Tensors the forward pass never reads (MTP layers, a wrapper's vision
+ * tower, rotary buffers) are never touched: DeepSeek-V3's MTP layer alone is
+ * 11.6 GB, which would otherwise sit in the RSS and, under a budget, take the
+ * expert cache's place.
  */
 #include "engine/internal.h"
 
@@ -14,6 +18,12 @@
 
 static bool is_expert_tensor(const df_model *m, const df_tensor *t) {
     return m->is_expert[df_st_index(m->st, t)];
+}
+
+/* Read by the forward pass: a routed expert's part or a tensor the family loaded. */
+static bool is_read(const df_model *m, const df_tensor *t) {
+    size_t i = df_st_index(m->st, t);
+    return m->is_expert[i] || m->used[i];
 }
 
 /* The page-aligned range [*a, *a + *len) covering tensor t. */
@@ -34,10 +44,12 @@ void df_engine_prefault(const df_model *m, bool experts_too, const bool *done) {
      * held in those) that holds a small always-active tensor would be mapped
      * whole by one PMD when that tensor is touched, charging the experts'
      * bytes next to it to our RSS (test_budget.sh's 160 MiB arm was refused:
-     * 170.7 MiB fixed). No huge mappings over expert tensors. */
+     * 170.7 MiB fixed). No huge mappings over expert tensors, nor over the
+     * tensors never read (an MTP layer among the main ones: 2 MiB of it was
+     * charged to the RSS in test_budget.sh). */
     for (size_t i = 0; !experts_too && i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
-        if (!t->nbytes || !is_expert_tensor(m, t)) continue;
+        if (!t->nbytes || (is_read(m, t) && !is_expert_tensor(m, t))) continue;
         uintptr_t a;
         size_t len;
         tensor_pages(t, pg, &a, &len);
@@ -45,8 +57,7 @@ void df_engine_prefault(const df_model *m, bool experts_too, const bool *done) {
     }
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
-        /* never read: an MTP layer, a vision tower */
-        if (!t->nbytes || !m->used[i] || (!experts_too && is_expert_tensor(m, t)) ||
+        if (!t->nbytes || !is_read(m, t) || (!experts_too && is_expert_tensor(m, t)) ||
             (done && done[t->file]) || df_model_ram_copy(m, t))
             continue;
         df_prefault_read(t->data, t->nbytes);
@@ -63,13 +74,14 @@ void df_engine_prefault(const df_model *m, bool experts_too, const bool *done) {
 
 typedef struct span { uintptr_t lo, hi; } span;
 
-/* Page-aligned range covering the tensors of file f ({0, 0} if none). */
+/* Page-aligned range covering the tensors of file f that the forward pass
+ * reads ({0, 0} if none: a shard of MTP layers is left alone). */
 static span file_span(const df_model *m, int f) {
     long pg = sysconf(_SC_PAGESIZE);
     span r = {UINTPTR_MAX, 0};
     for (size_t i = 0; i < df_st_count(m->st); i++) {
         const df_tensor *t = df_st_at(m->st, i);
-        if (t->file != f || !t->nbytes) continue;
+        if (t->file != f || !t->nbytes || !is_read(m, t)) continue;
         uintptr_t a = (uintptr_t)t->data, b = a + t->nbytes;
         if (a < r.lo) r.lo = a;
         if (b > r.hi) r.hi = b;
