@@ -73,6 +73,12 @@ def check_args(p, a):
     """Resolves --quant into a.qexperts, a.qdense and rejects mixes no shipped config expresses."""
     preset = {"none": ("bf16", "bf16"), "fp8": ("fp8", "fp8"), "int4": ("int4", "bf16"),
               "mxfp4": ("mxfp4", "bf16")}[a.quant]
+    if a.arch == "qwen3":                   # dense: no routed experts
+        if a.quant_experts not in (None, "bf16"):
+            p.error("--quant-experts: a qwen3 model has no routed experts")
+        preset = ("bf16", preset[1])
+        if a.quant != "none" and preset[1] == "bf16" and not a.quant_dense:
+            p.error(f"--quant {a.quant} quantizes routed experts only; a qwen3 model has none")
     a.qexperts = a.quant_experts or preset[0]
     a.qdense = a.quant_dense or preset[1]
     kinds = {a.qexperts, a.qdense} - {"bf16"}
@@ -80,8 +86,6 @@ def check_args(p, a):
         p.error("FP8 mixes only with BF16: no shipped quantization_config holds FP8 and 4-bit weights")
     if a.fp8_scale_fmt == "ue8m0" and "fp8" not in kinds:
         p.error("--fp8-scale-fmt ue8m0 needs FP8 weights")
-    if a.qexperts != "bf16" and a.arch == "qwen3":
-        p.error("--quant-experts: a qwen3 model has no routed experts (use --quant-dense or --quant fp8)")
 
 
 # ---- element quantizers (round to nearest, ties to even; saturating) -----------

@@ -302,11 +302,42 @@ def generator_round_trip():
     return ", ".join(report)
 
 
+_Q3 = ["--arch", "qwen3", "--vocab", "512", "--hidden", "64", "--intermediate", "96", "--layers", "2",
+       "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
+_Q3M = _Q3[2:] + ["--arch", "qwen3_moe", "--experts", "4", "--top-k", "2", "--moe-intermediate", "32",
+                  "--mlp-only-layers", "1", "--layers", "3"]
+_DS = ["--arch", "deepseek_v3", "--vocab", "512", "--hidden", "64", "--intermediate", "96", "--layers", "3",
+       "--heads", "4", "--q-lora-rank", "32", "--experts", "8", "--top-k", "2", "--moe-intermediate", "32",
+       "--mtp-layers", "1"]
+MIXES = [m + x.split() for m, x in (
+    (_Q3, "--quant fp8"), (_Q3, "--quant-dense int4"), (_Q3M, "--quant-experts fp8"), (_Q3M, "--quant-dense fp8"),
+    (_Q3M, "--quant int4"), (_Q3M, "--quant mxfp4 --quant-dense int4"), (_DS, "--quant-experts bf16 --quant-dense fp8"),
+    (_DS, "--quant-experts fp8"), (_DS, "--quant-dense int4"), (_DS, "--quant int4 --quant-dense int4"),
+    (_DS, "--wrap-language-model --quant fp8"), (_DS, "--wrap-language-model --quant-dense mxfp4"))]
+
+
+@test
+def generator_mixes_read_back():
+    """Every --quant / --quant-experts / --quant-dense combination: the reference,
+    reading the written config on its own, finds each Linear of the decoder layers in
+    the format asked for its class (routers and heads always plain)."""
+    for i, args in enumerate(MIXES):
+        a = gen_checkpoint.parse_args(args + ["--out", "x"])
+        m = load_ref(gen(f"mix-{i}", args))
+        m.logits([1, 2, 3])
+        for full in [mod + ".weight" for mod, sufs in m.weights.mods.items() if sufs & {"weight", "weight_packed"}]:
+            if ".layers." not in full or int(full.split(".layers.")[1].split(".")[0]) >= a.layers or \
+                    not m.weights.is_linear(full):
+                continue
+            cls = gq.weight_class(full)
+            want = {"expert": a.qexperts, "router": "bf16"}.get(cls, a.qdense)
+            kind = m.weights.scheme(full)
+            assert (kind.kind if kind else "bf16") == want, f"{args[-4:]}: {full}: {kind} != {want}"
+        m.close()
+    return f"{len(MIXES)} mixes"
+
+
 # ---- quantization_config ------------------------------------------------------
-
-def qcfg_of(d):
-    return Q.read_quant_config(d)
-
 
 @test
 def configs_as_shipped():
@@ -357,7 +388,7 @@ def configs_as_shipped():
                              "model.layers.1.mlp.shared_experts.up_proj": "mxfp4", "lm_head": None},
     }
     for name, mods in want.items():
-        q = qcfg_of(suite_model(name))
+        q = Q.read_quant_config(suite_model(name))
         lin = qwen3_ref.is_linear if name.startswith("fp8-qwen3") else D.is_linear
         for mod, kind in mods.items():
             s = q.scheme(mod, lin(mod + ".weight"))
