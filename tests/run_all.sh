@@ -68,6 +68,9 @@ run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin
 # cache, and bitwise across thread counts
 run_counted reference-deepseek $PY tests/ref/check_model.py --suite --set deepseek --engine "$B/deltafin-san" \
     --dir "$DF_TEST_MODELS/ref" --determinism --batch 3
+# weights as shipped in FP8, INT4 and MXFP4 (issue 22), also batched and across thread counts
+run_counted reference-formats $PY tests/ref/check_model.py --suite --set formats --engine "$B/deltafin-san" \
+    --dir "$DF_TEST_MODELS/ref" --determinism --batch 3
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"

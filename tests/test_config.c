@@ -8,6 +8,7 @@
 
 #include "model/arch.h"
 #include "model/config.h"
+#include "model/quant.h"
 #include "model/generation.h"
 
 #include <ftw.h>
@@ -499,11 +500,116 @@ static void test_unsupported(void **state) {
         DF_ERR_UNSUPPORTED, "'sliding_attention'", "layer_types");
     bad(with(DENSE, "layer_types", "\"full_attention\"", NULL), DF_ERR_FORMAT, "'layer_types'",
         NULL);
-    bad(with(DENSE, "quantization_config", "{\"quant_method\":\"fp8\",\"weight_block_size\":[128,128]}",
-             NULL),
-        DF_ERR_UNSUPPORTED, "quantization_config", "'fp8'");
     bad(with(DENSE, "quantization_config", "7", NULL), DF_ERR_UNSUPPORTED, "quantization_config",
         NULL);
+}
+
+/* ---- quantization_config (model/quant.h) ---------------------------------------- */
+
+#define FP8 "{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\",\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,128]}"
+#define W4(type) "{\"num_bits\":4,\"type\":\"" type "\",\"symmetric\":true,\"strategy\":\"group\",\"group_size\":32,\"dynamic\":false,\"actorder\":null}"
+#define CT(fmt, targets, w, extra) "{\"quant_method\":\"compressed-tensors\",\"format\":\"" fmt "\",\"quantization_status\":\"compressed\",\"ignore\":[\"lm_head\",\"re:.*self_attn.*\"],\"config_groups\":{\"group_0\":{\"targets\":" targets ",\"weights\":" w ",\"input_activations\":null" extra "}}}"
+#define INT4 CT("pack-quantized", "[\"Linear\"]", W4("int"), "")
+
+static df_quant *quant_of(const char *qc) {
+    json_t *j = json_loads(qc, 0, NULL);
+    assert_non_null(j);
+    df_quant *q = NULL;
+    df_error err = {0};
+    int rc = df_quant_parse(&q, j, "config.json", "quantization_config", &err);
+    if (rc) print_error("%s\n", err.msg);
+    assert_int_equal(rc, DF_OK);
+    json_decref(j);
+    return q;
+}
+
+static df_qkind kind_of(const df_quant *q, const char *mod, bool linear) {
+    df_qkind k;
+    df_error err = {0};
+    assert_int_equal(df_quant_kind(q, mod, linear, &k, &err), DF_OK);
+    return k;
+}
+
+static void test_quant_config(void **state) {
+    (void)state;
+    df_config c;
+    char *j = with(DENSE, "quantization_config", FP8, NULL);
+    ok(&c, j);
+    free(j);
+    assert_non_null(strstr(c.quant_method, "fp8"));
+    j = with(DENSE, "quantization_config", INT4, NULL);
+    ok(&c, j);
+    free(j);
+    assert_non_null(strstr(c.quant_method, "int4"));
+    /* refused, naming the field */
+    bad(with(DENSE, "quantization_config", "{\"quant_method\":\"gptq\"}", NULL), DF_ERR_UNSUPPORTED,
+        "quantization_config.quant_method", "'gptq'");
+    bad(with(DENSE, "quantization_config", "{\"quant_method\":\"fp8\",\"activation_scheme\":\"static\",\"weight_block_size\":[128,128]}", NULL),
+        DF_ERR_UNSUPPORTED, "activation_scheme", "static");
+    bad(with(DENSE, "quantization_config", "{\"quant_method\":\"fp8\",\"weight_block_size\":[1,128]}", NULL),
+        DF_ERR_UNSUPPORTED, "weight_block_size", NULL);
+    bad(with(DENSE, "quantization_config", "{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\",\"weight_block_size\":[128,128]}", NULL),
+        DF_ERR_UNSUPPORTED, "quantization_config.fmt", NULL);
+    bad(with(DENSE, "quantization_config", CT("pack-quantized", "[\"Linear\"]", "{\"num_bits\":8,\"type\":\"int\"}", ""), NULL),
+        DF_ERR_UNSUPPORTED, "config_groups.group_0.weights.num_bits", NULL);
+    bad(with(DENSE, "quantization_config", CT("pack-quantized", "[\"Linear\"]", "{\"num_bits\":4,\"type\":\"int\",\"symmetric\":false,\"strategy\":\"group\",\"group_size\":32}", ""), NULL),
+        DF_ERR_UNSUPPORTED, "weights.symmetric", "zero points");
+    bad(with(DENSE, "quantization_config", CT("pack-quantized", "[\"Linear\"]", "{\"num_bits\":4,\"type\":\"int\",\"symmetric\":true,\"strategy\":\"group\",\"group_size\":128}", ""), NULL),
+        DF_ERR_UNSUPPORTED, "weights.group_size", NULL);
+    bad(with(DENSE, "quantization_config", CT("pack-quantized", "[\"Linear\"]", "{\"num_bits\":4,\"type\":\"int\",\"symmetric\":true,\"strategy\":\"channel\",\"group_size\":32}", ""), NULL),
+        DF_ERR_UNSUPPORTED, "weights.strategy", NULL);
+    bad(with(DENSE, "quantization_config", CT("mxfp4-pack-quantized", "[\"Linear\"]", W4("int"), ""), NULL),
+        DF_ERR_UNSUPPORTED, "group_0.format", NULL);
+    bad(with(DENSE, "quantization_config", CT("float-quantized", "[\"Linear\"]", W4("float"), ""), NULL),
+        DF_ERR_UNSUPPORTED, "quantization_config.format", "float-quantized");
+    bad(with(DENSE, "quantization_config", CT("pack-quantized", "[\"Linear\"]", W4("int"), ",\"output_activations\":{\"num_bits\":8}"), NULL),
+        DF_ERR_UNSUPPORTED, "group_0.output_activations", NULL);
+    bad(with(DENSE, "quantization_config", CT("mixed-precision", "[\"Linear\"]", W4("int"), ""), NULL),
+        DF_ERR_UNSUPPORTED, "group_0.format", "mixed-precision");
+    bad(with(DENSE, "quantization_config", CT("pack-quantized", "[\"re:(unclosed\"]", W4("int"), ""), NULL),
+        DF_ERR_FORMAT, "group_0.targets[0]", "regular expression");
+    /* a wrapper: its text_config's */
+    j = with(DENSE, "quantization_config", "{\"quant_method\":\"awq\"}", NULL);
+    char *w = with("{\"model_type\":\"kimi_k25\"}", "text_config", j, NULL);
+    free(j);
+    bad(w, DF_ERR_UNSUPPORTED, "text_config.quantization_config.quant_method", "'awq'");
+}
+
+static void test_quant_match(void **state) {
+    (void)state;
+    df_quant *q = quant_of(FP8);
+    assert_int_equal(kind_of(q, "model.layers.0.self_attn.q_a_proj", true), DF_Q_FP8);
+    assert_int_equal(kind_of(q, "lm_head", true), DF_Q_NONE);
+    assert_int_equal(kind_of(q, "model.layers.3.mlp.gate", false), DF_Q_NONE); /* a parameter */
+    df_quant_free(q);
+    q = quant_of("{\"quant_method\":\"fp8\",\"weight_block_size\":[128,128],\"modules_to_not_convert\":"
+                 "[\"lm_head\",\"model.layers.1.mlp\"]}");
+    assert_int_equal(kind_of(q, "model.layers.1.mlp.experts.3.up_proj", true), DF_Q_NONE);
+    assert_int_equal(kind_of(q, "model.layers.11.mlp.experts.3.up_proj", true), DF_Q_FP8); /* parts, not text */
+    df_quant_free(q);
+    q = quant_of(INT4);
+    assert_int_equal(kind_of(q, "model.layers.2.mlp.experts.7.down_proj", true), DF_Q_INT4);
+    assert_int_equal(kind_of(q, "model.layers.2.self_attn.o_proj", true), DF_Q_NONE); /* ignored by re: */
+    assert_int_equal(kind_of(q, "lm_head", true), DF_Q_NONE);
+    assert_int_equal(kind_of(q, "model.embed_tokens", false), DF_Q_NONE);
+    df_quant_free(q);
+    /* re: matches from the start of the name, like Python's re.match */
+    q = quant_of(CT("mxfp4-pack-quantized", "[\"re:mlp\\\\.experts.*\"]", W4("float"), ""));
+    assert_int_equal(kind_of(q, "mlp.experts.0.up_proj", true), DF_Q_MXFP4);
+    assert_int_equal(kind_of(q, "model.mlp.experts.0.up_proj", true), DF_Q_NONE);
+    df_quant_free(q);
+    /* two groups targeting one module: an error naming both */
+    q = quant_of("{\"quant_method\":\"compressed-tensors\",\"format\":\"mixed-precision\",\"config_groups\":{"
+                 "\"a\":{\"format\":\"pack-quantized\",\"targets\":[\"Linear\"],\"weights\":" W4("int") "},"
+                 "\"b\":{\"format\":\"mxfp4-pack-quantized\",\"targets\":[\"re:.*experts.*\"],\"weights\":" W4("float") "}}}");
+    df_qkind k;
+    df_error err = {0};
+    assert_int_equal(df_quant_kind(q, "model.layers.1.self_attn.o_proj", true, &k, &err), DF_OK);
+    assert_int_equal(k, DF_Q_INT4);
+    assert_int_not_equal(df_quant_kind(q, "model.layers.1.mlp.experts.0.up_proj", true, &k, &err), DF_OK);
+    assert_non_null(strstr(err.msg, "'a'"));
+    assert_non_null(strstr(err.msg, "'b'"));
+    df_quant_free(q);
 }
 
 static void test_token_ids(void **state) {
@@ -640,6 +746,8 @@ int main(void) {
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_ranges2),
         cmocka_unit_test(test_unsupported),
+        cmocka_unit_test(test_quant_config),
+        cmocka_unit_test(test_quant_match),
         cmocka_unit_test(test_token_ids),
         cmocka_unit_test(test_generation),
         cmocka_unit_test(test_load_dir),

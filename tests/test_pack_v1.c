@@ -51,7 +51,7 @@ static void test_fingerprint_unchanged(void **st) {
     df_error e = {0};
     assert_int_equal(df_config_load_dir(&c, g_model, &e), 0);
     assert_int_equal(df_st_open_dir(&sf, g_model, &e), 0);
-    assert_int_equal(df_expert_inventory_build(&inv, &c, sf, &e), 0);
+    assert_int_equal(df_expert_inventory_build(&inv, &c, sf, NULL, &e), 0);
     df_pack_ckpt ck = {g_model, &c, sf, &inv};
     char fp[DF_PACK_FP_HEX + 1], fp2[DF_PACK_FP_HEX + 1];
     assert_int_equal(df_pack_fingerprint(&ck, fp, &e), 0);

@@ -12,8 +12,8 @@
  * expert ids differ in it (the architecture's naming, whatever it is). */
 static void expert_group_name(const df_config *c, int li, char *out, size_t n) {
     char a[256], b[256];
-    c->arch->expert_tensor(c, li, 0, 0, a, sizeof a);
-    c->arch->expert_tensor(c, li, c->num_experts > 1 ? 1 : 0, 0, b, sizeof b);
+    c->arch->expert_prefix(c, li, 0, a, sizeof a);
+    c->arch->expert_prefix(c, li, c->num_experts > 1 ? 1 : 0, b, sizeof b);
     size_t k = 0, dot = 0;
     while (a[k] && a[k] == b[k]) {
         if (a[k] == '.') dot = k + 1;

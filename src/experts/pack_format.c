@@ -93,7 +93,8 @@ int pk_source_open(pk_source *s, const char *dir, df_error *err) {
     memset(s, 0, sizeof *s);
     int rc = df_config_load_dir(&s->cfg, dir, err);
     if (!rc) rc = df_st_open_dir(&s->st, dir, err);
-    if (!rc) rc = df_expert_inventory_build(&s->inv, &s->cfg, s->st, err);
+    if (!rc) rc = df_quant_load_dir(&s->quant, dir, err);
+    if (!rc) rc = df_expert_inventory_build(&s->inv, &s->cfg, s->st, s->quant, err);
     if (rc) {
         pk_source_close(s);
         return rc;
@@ -105,6 +106,7 @@ int pk_source_open(pk_source *s, const char *dir, df_error *err) {
 void pk_source_close(pk_source *s) {
     df_expert_inventory_free(&s->inv);
     if (s->st) df_st_close(s->st);
+    df_quant_free(s->quant);
     memset(s, 0, sizeof *s);
 }
 

@@ -50,8 +50,9 @@ int pk_fail_more(df_error *err, int code, const char *more);
 typedef struct pk_source {
     df_config cfg;
     df_st *st;
+    df_quant *quant;
     df_expert_inventory inv;
-    df_pack_ckpt ck; /* points at the three above */
+    df_pack_ckpt ck; /* points at the config, files and inventory above */
 } pk_source;
 
 /* config.json, the safetensors and the expert inventory of dir. */

@@ -24,10 +24,11 @@ typedef struct df_arch {
     /* config.json: the family's fields (the shared ones are already in c;
      * config_json.h has the readers). Derives c->layer_is_moe. */
     int (*parse_config)(df_config *c, json_t *root, const struct df_cfg_ctx *p);
-    /* Routed experts: their parts, and the tensor name of part `part` of
-     * expert e of layer `layer` (NULL layout: a dense family). */
+    /* Routed experts: their parts unquantized, and the prefix of expert e of
+     * layer `layer`'s tensor names, which ends with a '.' (NULL layout: a
+     * dense family). */
     const df_expert_layout *expert_layout;
-    void (*expert_tensor)(const df_config *c, int layer, int e, int part, char *name, size_t n);
+    void (*expert_prefix)(const df_config *c, int layer, int e, char *name, size_t n);
     /* Finds, checks and keeps every tensor the forward pass uses (model.h's
      * helpers); m->fam is the family's. unload frees what load made. */
     int (*load)(df_model *m, df_error *err);

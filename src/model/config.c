@@ -10,6 +10,7 @@
 
 #include "model/arch.h"
 #include "model/config_json.h"
+#include "model/quant.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -259,14 +260,13 @@ static int parse_fields(df_config *c, json_t *root, const df_cfg_ctx *p) {
     }
     snprintf(c->model_type, sizeof c->model_type, "%s", s);
 
-    json_t *q = df_cfg_field(root, "quantization_config");
-    if (q) {
-        json_t *m = json_is_object(q) ? json_object_get(q, "quant_method") : NULL;
-        return df_fail(p->err, DF_ERR_UNSUPPORTED,
-                       "%s: quantization_config (quant_method '%.32s') is not supported "
-                       "(deltafin runs BF16/F16/F32 checkpoints)",
-                       p->path, json_is_string(m) ? json_string_value(m) : "?");
-    }
+    /* checked here, kept by the model (model/quant.h) */
+    df_quant *q;
+    char qf[48];
+    snprintf(qf, sizeof qf, "%squantization_config", p->prefix);
+    if ((rc = df_quant_parse(&q, df_cfg_field(root, "quantization_config"), p->path, qf, p->err))) return rc;
+    if (q) snprintf(c->quant_method, sizeof c->quant_method, "%s", df_quant_describe(q));
+    df_quant_free(q);
     if ((rc = df_cfg_str(p, root, "torch_dtype", false, &s))) return rc;
     if (!s && (rc = df_cfg_str(p, root, "dtype", false, &s))) return rc; /* transformers v5 */
     if (s) snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", s);

@@ -47,6 +47,7 @@ typedef struct df_config {
     bool tie_word_embeddings;
     bool attention_bias;
     char torch_dtype[16];       /* informative */
+    char quant_method[160];     /* quantization_config, described (model/quant.h); "" if none */
 
     /* rope_scaling */
     df_rope_type rope_type;

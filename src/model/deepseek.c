@@ -153,10 +153,10 @@ static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
 /* ---- tensors ------------------------------------------------------------------------- */
 
 static const df_expert_layout EXPERTS = {
-    3, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}, {{0, -1}, {1, -1}, {2, -1}}};
+    3, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}, {{0, -1}, {1, -1}, {2, -1}}, {{0}}, {0}};
 
-static void expert_tensor(const df_config *c, int layer, int e, int part, char *name, size_t n) {
-    snprintf(name, n, "%smodel.layers.%d.mlp.experts.%d.%s", c->tensor_prefix, layer, e, EXPERTS.part[part]);
+static void expert_prefix(const df_config *c, int layer, int e, char *name, size_t n) {
+    snprintf(name, n, "%smodel.layers.%d.mlp.experts.%d.", c->tensor_prefix, layer, e);
 }
 
 typedef struct layer {
@@ -238,7 +238,7 @@ static int load_ffn(df_model *m, layer *L, int li, df_error *err) {
     int rc;
     L->is_moe = c->layer_is_moe[li];
     if (!L->is_moe) return load_swiglu(m, L, li, "mlp", c->intermediate_size, err);
-    if ((rc = df_model_matrix(m, &L->router, NAME("%smodel.layers.%d.mlp.gate.weight", pre, li), c->num_experts,
+    if ((rc = df_model_param(m, &L->router, NAME("%smodel.layers.%d.mlp.gate.weight", pre, li), c->num_experts,
                               c->hidden_size, true, err)))
         return rc;
     if (c->topk_method == DF_TOPK_NOAUX_TC &&
@@ -604,7 +604,7 @@ static const char *const KIMI_STOP[] = {"<|im_end|>", "[EOS]", "[EOT]", NULL};
 
 #define FAMILY(type, stop, tmpl)                                                                              \
     {.model_type = type, .parse_config = parse_config, .expert_layout = &EXPERTS,                           \
-     .expert_tensor = expert_tensor, .load = load, .unload = unload, .seq_new = seq_new,                     \
+     .expert_prefix = expert_prefix, .load = load, .unload = unload, .seq_new = seq_new,                     \
      .seq_bytes = seq_bytes, .work_new = work_new, .work_free = work_free, .work_bytes = work_bytes,         \
      .forward = forward, .stop_tokens = stop, .chat = tmpl, .inspect = inspect}
 

@@ -1,44 +1,101 @@
 /*
- * experts.c - the expert inventory (by the architecture's naming), binding an
- * expert's stored parts to kernel views, and the resident expert source.
+ * experts.c - the expert inventory (by the architecture's naming, in the
+ * format the quantization_config ships experts in), binding an expert's stored
+ * parts to kernel views, and the resident expert source.
  */
 #include "model/experts.h"
 
 #include "model/arch.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The layout the checkpoint ships: each matrix of the architecture's layout
+ * ("gate_proj.weight") in the format the config gives it, decided on
+ * (layer, expert 0). */
+typedef struct owned_layout {
+    df_expert_layout l;
+    char names[DF_EXPERT_MAX_PARTS][48];
+} owned_layout;
+
+static int shipped_layout(df_expert_inventory *inv, const df_config *c, const df_quant *q, int layer,
+                          df_error *err) {
+    const df_expert_layout *base = c->arch->expert_layout;
+    owned_layout *o = df_xcalloc(1, sizeof *o);
+    inv->layout = &o->l;
+    int np = 0;
+    for (int k = 0; k < DF_EXPERT_MATS; k++) {
+        char mod[256];
+        df_expert_module(c, layer, 0, k, mod, sizeof mod);
+        df_qkind kind;
+        int rc = df_quant_kind(q, mod, true, &kind, err);
+        if (rc) return rc;
+        const char *vp = base->part[base->mat[k].values];
+        int stem = (int)(strlen(vp) - strlen(".weight"));
+        o->l.kind[k] = kind;
+        o->l.mat[k].values = np;
+        o->l.mat[k].scale = -1;
+        snprintf(o->names[np++], 48, "%.*s%s", stem, vp, kind == DF_Q_INT4 || kind == DF_Q_MXFP4 ? ".weight_packed" : ".weight");
+        if (kind == DF_Q_NONE) continue;
+        o->l.fmt[k] = kind == DF_Q_FP8 ? df_wfmt_fp8_block() : kind == DF_Q_INT4 ? df_wfmt_int4_group() : df_wfmt_mxfp4();
+        o->l.mat[k].scale = np;
+        snprintf(o->names[np++], 48, "%.*s%s", stem, vp, kind == DF_Q_FP8 ? ".weight_scale_inv" : ".weight_scale");
+    }
+    o->l.n_parts = np;
+    for (int p = 0; p < np; p++) o->l.part[p] = o->names[p];
+    return DF_OK;
+}
+
+void df_expert_module(const df_config *c, int layer, int e, int k, char *name, size_t n) {
+    const df_expert_layout *base = c->arch->expert_layout;
+    char pre[200];
+    c->arch->expert_prefix(c, layer, e, pre, sizeof pre);
+    const char *vp = base->part[base->mat[k].values];
+    snprintf(name, n, "%s%.*s", pre, (int)(strlen(vp) - strlen(".weight")), vp);
+}
 
 int df_expert_inventory_build(df_expert_inventory *inv, const df_config *c, const df_st *st,
-                              df_error *err) {
+                              const df_quant *q, df_error *err) {
     memset(inv, 0, sizeof *inv);
-    const df_expert_layout *xl = c->arch->expert_layout;
-    inv->layout = xl;
     inv->n_layers = c->num_hidden_layers;
     inv->n_experts = c->num_experts;
-    if (!xl || c->num_experts <= 0) return DF_OK;
+    if (!c->arch->expert_layout || c->num_experts <= 0) return DF_OK;
+    int first = 0;
+    while (first < c->num_hidden_layers && !c->layer_is_moe[first]) first++;
+    if (first == c->num_hidden_layers) return DF_OK;
+    int rc = shipped_layout(inv, c, q, first, err);
+    if (rc) {
+        df_expert_inventory_free(inv);
+        return rc;
+    }
+    const df_expert_layout *xl = inv->layout;
     size_t n = (size_t)inv->n_layers * (size_t)inv->n_experts * (size_t)xl->n_parts;
     inv->xt = df_xcalloc(n ? n : 1, sizeof(const df_tensor *));
-    char name[256];
+    char pre[200], name[256];
     for (int li = 0; li < inv->n_layers; li++) {
         if (!c->layer_is_moe[li]) continue;
-        for (int e = 0; e < inv->n_experts; e++)
+        for (int e = 0; e < inv->n_experts; e++) {
+            c->arch->expert_prefix(c, li, e, pre, sizeof pre);
             for (int p = 0; p < xl->n_parts; p++) {
-                c->arch->expert_tensor(c, li, e, p, name, sizeof name);
+                snprintf(name, sizeof name, "%s%s", pre, xl->part[p]);
                 const df_tensor *t = df_st_find(st, name);
                 if (!t) {
                     df_expert_inventory_free(inv);
-                    return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
-                                   df_st_where(st), name);
+                    return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint%s",
+                                   df_st_where(st), name, q ? " (in the format its quantization_config gives it)" : "");
                 }
                 inv->xt[((size_t)li * (size_t)inv->n_experts + (size_t)e) * (size_t)xl->n_parts + (size_t)p] = t;
                 inv->bytes += t->nbytes;
             }
+        }
     }
     return DF_OK;
 }
 
 void df_expert_inventory_free(df_expert_inventory *inv) {
     free(inv->xt);
+    free((void *)inv->layout);
     memset(inv, 0, sizeof *inv);
 }
 
@@ -58,8 +115,11 @@ void df_expert_bind(const df_expert_inventory *inv, int layer, int e, const void
         const df_tensor *t = df_expert_part(inv, layer, e, xl->mat[k].values);
         df_wview *v = &out->mat[k];
         /* shapes and formats were checked when the model was loaded */
-        *v = df_wview_make(part_data[xl->mat[k].values], t->dtype, (int)t->shape[0], (int)t->shape[1]);
-        if (xl->mat[k].scale >= 0) v->scale = part_data[xl->mat[k].scale];
+        if (xl->mat[k].scale < 0)
+            *v = df_wview_make(part_data[xl->mat[k].values], t->dtype, (int)t->shape[0], (int)t->shape[1]);
+        else /* packed widths: the scale grid's rows are the matrix's, its columns a 32nd (or 128th) */
+            *v = df_wview_scaled(xl->fmt[k], part_data[xl->mat[k].values], part_data[xl->mat[k].scale],
+                                 (int)t->shape[0], xl->kind[k] == DF_Q_FP8 ? (int)t->shape[1] : (int)t->shape[1] * (xl->kind[k] == DF_Q_INT4 ? 8 : 2));
     }
 }
 

@@ -18,6 +18,7 @@
 
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
 #define DF_EXPERT_MAX_PARTS 8
@@ -26,28 +27,38 @@ enum { DF_XM_GATE = 0, DF_XM_UP = 1, DF_XM_DOWN = 2 };
 
 /* An expert's tensors, named within the expert (the architecture prefixes
  * the layer and expert), and which of them make its matrices: the values
- * and, for a scaled format, the scales (-1: none). */
+ * and, for a scaled format, the scales (-1: none) in format fmt. An
+ * architecture's table entry gives the unquantized layout ("gate_proj.weight"
+ * ...); the inventory derives the one the checkpoint ships from the
+ * quantization_config ("gate_proj.weight_packed", "gate_proj.weight_scale"
+ * ...). */
 typedef struct df_expert_layout {
     int n_parts;
     const char *part[DF_EXPERT_MAX_PARTS]; /* e.g. "gate_proj.weight" */
     struct {
         int values, scale;
     } mat[DF_EXPERT_MATS];                 /* DF_XM_GATE, DF_XM_UP, DF_XM_DOWN */
+    df_wfmt fmt[DF_EXPERT_MATS];           /* a scaled matrix's format (scale >= 0) */
+    df_qkind kind[DF_EXPERT_MATS];
 } df_expert_layout;
 
 /* Every routed expert's tensors: xt[(layer * E + e) * n_parts + part], NULL
  * on layers without routed experts. */
 typedef struct df_expert_inventory {
-    const df_expert_layout *layout;
+    const df_expert_layout *layout; /* the checkpoint's (owned by the inventory) */
     int n_layers, n_experts;
     const df_tensor **xt;
     uint64_t bytes;        /* all of them, as stored */
 } df_expert_inventory;
 
-/* Finds every routed expert's tensors by the architecture's naming (arch.h);
- * the error names the first missing tensor. Shapes are the family's to check. */
+/* Finds every routed expert's tensors by the architecture's naming (arch.h)
+ * in the format quantization_config q (NULL: none) gives them (the first MoE
+ * layer's expert 0 decides; every expert must agree: the family checks with
+ * df_model_check_experts); the error names the first missing tensor. */
 int df_expert_inventory_build(df_expert_inventory *inv, const df_config *c, const df_st *st,
-                              df_error *err);
+                              const df_quant *q, df_error *err);
+/* The module name of matrix k of expert e of layer l ("...experts.5.up_proj"). */
+void df_expert_module(const df_config *c, int layer, int e, int k, char *name, size_t n);
 void df_expert_inventory_free(df_expert_inventory *inv);
 static inline const df_tensor *df_expert_part(const df_expert_inventory *inv, int layer, int e, int part) {
     return inv->xt[((size_t)layer * (size_t)inv->n_experts + (size_t)e) * (size_t)inv->layout->n_parts +

@@ -55,13 +55,8 @@ void df_mla_work_free(df_mla_work *w) {
     free(w);
 }
 
-/* A view of rows [r0, r0 + n) of a weight. */
-static df_wview rows_of(const df_weight *w, int r0, int n) {
-    df_wview v = w->v;
-    v.data = (const char *)v.data + (size_t)r0 * df_wfmt_row_bytes(v.fmt, v.cols);
-    v.rows = n;
-    return v;
-}
+/* A view of rows [r0, r0 + n) of a weight (a scaled one keeps its grid). */
+static df_wview rows_of(const df_weight *w, int r0, int n) { return df_wview_rows(&w->v, r0, n); }
 
 typedef struct {
     const df_mla *a;
@@ -84,6 +79,8 @@ static void absorb_heads(void *vctx, int h0, int h1) {
     const mla_ctx *c = vctx;
     const df_mla *a = c->a;
     int dim = a->kvl + a->rope, qd = a->nope + a->rope;
+    float *dec = c->kv_b->v.fmt.scale != DF_SC_NONE
+                     ? df_xmalloc(sizeof(float) * (size_t)a->nope * (size_t)a->kvl) : NULL;
     for (int h = h0; h < h1; h++) {
         for (int t = 0; t < c->T; t++) {
             float *qc = c->w->qcat + ((size_t)t * a->nh + h) * dim;
@@ -91,9 +88,16 @@ static void absorb_heads(void *vctx, int h0, int h1) {
             memcpy(qc + a->kvl, c->q + ((size_t)t * a->nh + h) * qd + a->nope, sizeof(float) * (size_t)a->rope);
         }
         df_wview kr = rows_of(c->kv_b, h * (a->nope + a->v), a->nope);
-        df_axpy_rows(c->w->qcat + (size_t)h * dim, a->nh * dim, c->q + (size_t)h * qd, a->nh * qd, kr.data,
-                     c->kv_b->t->dtype, a->kvl, c->T, c->w->len, 0, a->kvl);
+        const void *x = kr.data;
+        df_dtype xt = c->kv_b->t->dtype;
+        if (dec) { /* FP8 and 4-bit rows as the numbers the kernels multiply by */
+            df_wview_decode_rows(dec, &c->kv_b->v, h * (a->nope + a->v), a->nope);
+            x = dec, xt = DF_DT_F32;
+        }
+        df_axpy_rows(c->w->qcat + (size_t)h * dim, a->nh * dim, c->q + (size_t)h * qd, a->nh * qd, x, xt,
+                     a->kvl, c->T, c->w->len, 0, a->kvl);
     }
+    free(dec);
 }
 
 /* Row-heads [i0, i1) of the group: scale, causal mask, softmax in place. */

@@ -22,23 +22,6 @@
 
 /* ---- tensor lookup with shape checks ----------------------------------------- */
 
-static int computable(const df_model *m, const df_tensor *t, df_error *err) {
-    df_wfmt f;
-    if (df_wfmt_of_dtype(t->dtype, &f) && df_wfmt_computable(f)) return DF_OK;
-    return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32)",
-                   df_st_file_path(m->st, t->file), t->name, df_dtype_name(t->dtype));
-}
-
-static int find(df_model *m, const char *name, const df_tensor **out, df_error *err) {
-    const df_tensor *t = df_st_find(m->st, name);
-    if (!t)
-        return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
-                       df_st_where(m->st), name);
-    if (computable(m, t, err)) return DF_ERR_UNSUPPORTED;
-    m->used[df_st_index(m->st, t)] = true;
-    *out = t;
-    return DF_OK;
-}
 static void shape_str(const df_tensor *t, char *buf, size_t n) {
     size_t o = 0;
     o += (size_t)snprintf(buf + o, n - o, "[");
@@ -47,21 +30,40 @@ static void shape_str(const df_tensor *t, char *buf, size_t n) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-static int check_2d(const df_model *m, const df_tensor *t, int rows, int cols, df_error *err) {
-    if (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols) return DF_OK;
-    char got[128];
-    shape_str(t, got, sizeof got);
-    return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' has shape %s but config.json implies [%d,%d]",
-                   df_st_file_path(m->st, t->file), t->name, got, rows, cols);
+static int find(df_model *m, const char *name, const df_tensor **out, df_error *err) {
+    const df_tensor *t = df_st_find(m->st, name);
+    if (!t)
+        return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint",
+                       df_st_where(m->st), name);
+    if (!df_dtype_computable(t->dtype))
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32)",
+                       df_st_file_path(m->st, t->file), t->name, df_dtype_name(t->dtype));
+    m->used[df_st_index(m->st, t)] = true;
+    *out = t;
+    return DF_OK;
 }
 
-int df_model_matrix(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active,
-                    df_error *err) {
-    const df_tensor *t;
-    int rc = find(m, name, &t, err);
-    if (rc || (rc = check_2d(m, t, rows, cols, err))) return rc;
-    w->v = df_wview_make(t->data, t->dtype, rows, cols);
-    w->t = t;
+static void mark(df_model *m, const df_qweight *q) {
+    m->used[df_st_index(m->st, q->values)] = true;
+    if (q->scale) m->used[df_st_index(m->st, q->scale)] = true;
+    if (q->shape) m->used[df_st_index(m->st, q->shape)] = true;
+}
+
+static int bind(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active, bool linear,
+                df_error *err) {
+    size_t n = strlen(name);
+    if (n < 8 || strcmp(name + n - 7, ".weight") != 0)
+        return df_fail(err, DF_ERR_ARG, "internal: matrix name '%s' does not end in .weight", name);
+    char mod[320];
+    snprintf(mod, sizeof mod, "%.*s", (int)(n - 7), name);
+    df_qweight q;
+    int rc = df_quant_bind(m->st, linear ? m->quant : NULL, mod, rows, cols, linear, &q, err);
+    if (rc) return rc;
+    if (q.scale && (rc = df_quant_check_scales(m->st, q.scale, q.fmt, q.scale->data, err))) return rc;
+    mark(m, &q);
+    w->v = df_wview_scaled(q.fmt, q.values->data, q.scale ? q.scale->data : NULL, rows, cols);
+    w->t = q.values;
+    w->ts = q.scale;
     if (active) {
         if (m->n_active == m->cap_active) {
             m->cap_active = m->cap_active ? 2 * m->cap_active : 64;
@@ -72,8 +74,18 @@ int df_model_matrix(df_model *m, df_weight *w, const char *name, int rows, int c
     return DF_OK;
 }
 
+int df_model_matrix(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active,
+                    df_error *err) {
+    return bind(m, w, name, rows, cols, active, true, err);
+}
+
+int df_model_param(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active,
+                   df_error *err) {
+    return bind(m, w, name, rows, cols, active, false, err);
+}
+
 int df_model_vector(df_model *m, float **out, const char *name, int n, df_error *err) {
-    const df_tensor *t;
+    const df_tensor *t = NULL;
     int rc = find(m, name, &t, err);
     if (rc) return rc;
     if (t->ndim != 1 || t->shape[0] != n) {
@@ -87,15 +99,24 @@ int df_model_vector(df_model *m, float **out, const char *name, int n, df_error 
     return DF_OK;
 }
 
-int df_model_check_experts(const df_model *m, const int *rows, const int *cols, df_error *err) {
+int df_model_check_experts(df_model *m, const int *rows, const int *cols, df_error *err) {
     const df_expert_inventory *inv = &m->experts;
-    for (int li = 0; li < inv->n_layers; li++) {
+    const df_expert_layout *xl = inv->layout;
+    for (int li = 0; xl && li < inv->n_layers; li++) {
         if (!m->cfg.layer_is_moe[li]) continue;
         for (int e = 0; e < inv->n_experts; e++)
-            for (int p = 0; p < inv->layout->n_parts; p++) {
-                const df_tensor *t = df_expert_part(inv, li, e, p);
-                int rc = computable(m, t, err);
-                if (rc || (rc = check_2d(m, t, rows[p], cols[p], err))) return rc;
+            for (int k = 0; k < DF_EXPERT_MATS; k++) {
+                char mod[320];
+                df_expert_module(&m->cfg, li, e, k, mod, sizeof mod);
+                df_qweight q;
+                int rc = df_quant_bind(m->st, m->quant, mod, rows[k], cols[k], true, &q, err);
+                if (rc) return rc;
+                if (q.kind != xl->kind[k])
+                    return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' is %s, but the first MoE layer's "
+                                   "expert 0 is %s: every routed expert must be in one format",
+                                   df_st_file_path(m->st, q.values->file), q.values->name,
+                                   df_qkind_name(q.kind), df_qkind_name(xl->kind[k]));
+                if (q.shape) m->used[df_st_index(m->st, q.shape)] = true;
             }
     }
     return DF_OK;
@@ -113,7 +134,7 @@ static int load_common(df_model *m, df_error *err) {
     bool tied = c->tie_word_embeddings && !df_st_find(m->st, head);
     int rc;
     /* tied: the head reads all of the table every token */
-    if ((rc = df_model_matrix(m, &m->embed, embed, c->vocab_size, c->hidden_size, tied, err)) ||
+    if ((rc = df_model_param(m, &m->embed, embed, c->vocab_size, c->hidden_size, tied, err)) ||
         (rc = df_model_vector(m, &m->final_norm, norm, c->hidden_size, err)))
         return rc;
     if (tied) {
@@ -128,11 +149,12 @@ int df_model_load(df_model *m, const char *dir, df_error *err) {
     int rc = df_config_load_dir(&m->cfg, dir, err);
     if (rc) return rc;
     if ((rc = df_st_open_dir(&m->st, dir, err))) return rc;
+    if ((rc = df_quant_load_dir(&m->quant, dir, err))) goto fail;
     const df_config *c = &m->cfg;
     size_t nt = df_st_count(m->st);
     for (size_t i = 0; i < nt; i++) m->bytes_total += df_st_at(m->st, i)->nbytes;
     m->used = df_xcalloc(nt ? nt : 1, sizeof(bool));
-    if ((rc = load_common(m, err)) || (rc = df_expert_inventory_build(&m->experts, c, m->st, err)) ||
+    if ((rc = load_common(m, err)) || (rc = df_expert_inventory_build(&m->experts, c, m->st, m->quant, err)) ||
         (rc = c->arch->load(m, err)))
         goto fail;
     m->is_expert = df_xcalloc(nt ? nt : 1, sizeof(bool));
@@ -163,6 +185,7 @@ void df_model_free(df_model *m) {
     if (m->ram) munmap(m->ram, m->ram_bytes);
     free(m->ram_of);
     if (m->st) df_st_close(m->st);
+    df_quant_free(m->quant);
     memset(m, 0, sizeof *m);
 }
 
@@ -186,12 +209,15 @@ int df_model_dense_to_ram(df_model *m, df_error *err) {
     size_t nt = df_st_count(m->st), total = 0;
     size_t *off = df_xmalloc(sizeof(size_t) * (nt ? nt : 1));
     for (size_t i = 0; i < nt; i++) off[i] = SIZE_MAX;
-    for (int i = 0; i < n; i++) {
-        size_t ti = df_st_index(m->st, w[i]->t);
-        if (off[ti] != SIZE_MAX) continue;
-        off[ti] = total;
-        total += (w[i]->t->nbytes + 63) & ~(size_t)63;
-    }
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < 2; s++) { /* the values, then the scale grid */
+            const df_tensor *t = s ? w[i]->ts : w[i]->t;
+            if (!t) continue;
+            size_t ti = df_st_index(m->st, t);
+            if (off[ti] != SIZE_MAX) continue;
+            off[ti] = total;
+            total += (t->nbytes + 63) & ~(size_t)63;
+        }
     size_t huge = (size_t)2 << 20, bytes = (total + huge - 1) & ~(huge - 1);
     uint8_t *ram = bytes ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
     if (ram == MAP_FAILED) {
@@ -217,8 +243,11 @@ int df_model_dense_to_ram(df_model *m, df_error *err) {
     m->ram_of = df_xcalloc(nt ? nt : 1, sizeof(void *));
     for (size_t i = 0; i < nt; i++)
         if (off[i] != SIZE_MAX) m->ram_of[i] = ram + off[i];
-    for (int i = 0; i < n; i++) w[i]->v.data = m->ram_of[df_st_index(m->st, w[i]->t)];
-    if (m->lm_head.t == m->embed.t) m->lm_head.v.data = m->embed.v.data;
+    for (int i = 0; i < n; i++) {
+        w[i]->v.data = m->ram_of[df_st_index(m->st, w[i]->t)];
+        if (w[i]->ts) w[i]->v.scale = m->ram_of[df_st_index(m->st, w[i]->ts)];
+    }
+    if (m->lm_head.t == m->embed.t) m->lm_head.v = m->embed.v;
     m->ram = ram;
     m->ram_bytes = bytes;
     free(off);

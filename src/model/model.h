@@ -17,17 +17,21 @@
 #include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
-/* A weight matrix: the kernels' view and the tensor it came from. */
+/* A weight matrix: the kernels' view and the tensors it came from (its
+ * values, and its scale grid when the format is scaled). */
 typedef struct df_weight {
     df_wview v;
     const df_tensor *t;
+    const df_tensor *ts; /* NULL: unscaled */
 } df_weight;
 
 typedef struct df_model {
     df_config cfg;
     df_st *st;
+    df_quant *quant;   /* config.json's quantization_config, or NULL */
     df_weight embed;   /* [V][H] */
     df_weight lm_head; /* [V][H], == embed when tied */
     float *final_norm; /* [H] */
@@ -63,14 +67,21 @@ const void *df_model_ram_copy(const df_model *m, const df_tensor *t);
 
 /* ---- loader helpers for the families ------------------------------------------ */
 
-/* Matrix `name` of shape [rows][cols]; active: every token reads it (an
+/* The weight `name` ("....weight") of a Linear module, of shape
+ * [rows][cols], in the format quantization_config gives it (its companion
+ * tensors checked: model/quant.h); active: every token reads it (an
  * always-active matrix to keep in RAM while experts stream). */
 int df_model_matrix(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active,
                     df_error *err);
+/* A matrix that is a plain parameter, never quantized (an embedding table,
+ * DeepSeek's router): BF16, F16 or F32. */
+int df_model_param(df_model *m, df_weight *w, const char *name, int rows, int cols, bool active,
+                   df_error *err);
 /* Vector `name` of n elements, widened to a malloc'ed F32 copy (exact). */
 int df_model_vector(df_model *m, float **out, const char *name, int n, df_error *err);
-/* Checks every routed expert's parts against the shapes the family expects:
- * part p of every expert is [rows[p]][cols[p]] in a computable format. */
-int df_model_check_experts(const df_model *m, const int *rows, const int *cols, df_error *err);
+/* Checks every routed expert against the shapes the family expects: matrix k
+ * (DF_XM_GATE, DF_XM_UP, DF_XM_DOWN) of every expert is [rows[k]][cols[k]],
+ * in the inventory's format with its companion tensors as model/quant.h says. */
+int df_model_check_experts(df_model *m, const int *rows, const int *cols, df_error *err);
 
 #endif

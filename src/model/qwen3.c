@@ -131,11 +131,11 @@ static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
 /* ---- tensors ------------------------------------------------------------------------- */
 
 static const df_expert_layout EXPERTS = {
-    3, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}, {{0, -1}, {1, -1}, {2, -1}}};
+    3, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}, {{0, -1}, {1, -1}, {2, -1}}, {{0}}, {0}};
 
-static void expert_tensor(const df_config *c, int layer, int e, int part, char *name, size_t n) {
+static void expert_prefix(const df_config *c, int layer, int e, char *name, size_t n) {
     (void)c;
-    snprintf(name, n, "model.layers.%d.mlp.experts.%d.%s", layer, e, EXPERTS.part[part]);
+    snprintf(name, n, "model.layers.%d.mlp.experts.%d.", layer, e);
 }
 
 typedef struct layer {
@@ -463,13 +463,13 @@ static void inspect(const df_model *m, FILE *f) {
 static const char *const STOP[] = {"<|im_end|>", NULL};
 
 const df_arch df_arch_qwen3 = {
-    .model_type = "qwen3", .parse_config = parse_config, .expert_layout = NULL, .expert_tensor = NULL,
+    .model_type = "qwen3", .parse_config = parse_config, .expert_layout = NULL, .expert_prefix = NULL,
     .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes, .work_new = work_new,
     .work_free = work_free, .work_bytes = work_bytes, .forward = forward, .stop_tokens = STOP,
     .chat = df_chat_render_chatml_spans, .inspect = inspect};
 
 const df_arch df_arch_qwen3_moe = {
     .model_type = "qwen3_moe", .parse_config = parse_config, .expert_layout = &EXPERTS,
-    .expert_tensor = expert_tensor, .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes,
+    .expert_prefix = expert_prefix, .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes,
     .work_new = work_new, .work_free = work_free, .work_bytes = work_bytes, .forward = forward,
     .stop_tokens = STOP, .chat = df_chat_render_chatml_spans, .inspect = inspect};

@@ -169,8 +169,8 @@ DEEPSEEK_SUITE = {
         "beta_slow=1,mscale=1.0,mscale_all_dim=1.0"],
 }
 
-# Weights as shipped in 8- and 4-bit formats (issue 22): `--suite --set formats`; not in
-# `--suite` (nor "all") until the engine loads them. Exact generator commands:
+# Weights as shipped in 8- and 4-bit formats (issue 22): `--suite --set formats` (run_all.sh
+# runs it). Exact generator commands:
 # `gen_checkpoint.py ARGS --out DIR`. Formats and configs: tools/gen_quant.py.
 _KIMI = ["--dtype", "bf16", "--vocab", "1024", "--hidden", "64", "--intermediate", "128",
          "--layers", "3", "--heads", "4", "--q-lora-rank", "64", "--kv-lora-rank", "32",
