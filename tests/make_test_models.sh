@@ -44,3 +44,19 @@ gen engine-kimi-wrap --arch kimi_k2 --seed 19 --dtype bf16 --vocab 1024 --hidden
     --layers 2 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
     --first-k-dense 1 --experts 8 --top-k 2 --n-shared-experts 1 --moe-intermediate 24 \
     --routed-scaling-factor 2.827 --max-pos 4096 --wrap-language-model
+# Weights as shipped (issue 22), streamed in test_stream: a DeepSeek-V3 in FP8 (every
+# Linear, 128x128 blocks, edge blocks smaller: hidden 160); a Kimi K2-Thinking (INT4
+# routed experts); a mixed one (MXFP4 routed experts, INT4 attention and dense layers).
+gen engine-fp8-ds --arch deepseek_v3 --seed 20 --dtype bf16 --vocab 1024 --hidden 160 --intermediate 160 \
+    --layers 3 --heads 4 --q-lora-rank 48 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 \
+    --v-head-dim 16 --first-k-dense 1 --experts 16 --top-k 4 --n-group 4 --topk-group 2 \
+    --n-shared-experts 1 --moe-intermediate 48 --routed-scaling-factor 2.5 --max-pos 4096 --quant fp8 \
+    --max-shard-size 400000
+gen engine-int4-kimi --arch kimi_k2 --seed 21 --dtype bf16 --vocab 1024 --hidden 64 --intermediate 128 \
+    --layers 3 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
+    --first-k-dense 1 --experts 16 --top-k 4 --n-shared-experts 1 --moe-intermediate 32 \
+    --routed-scaling-factor 2.827 --max-pos 4096 --quant int4
+gen engine-mixed-kimi --arch kimi_k2 --seed 22 --dtype bf16 --vocab 1024 --hidden 64 --intermediate 128 \
+    --layers 3 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
+    --first-k-dense 1 --experts 16 --top-k 4 --n-shared-experts 1 --moe-intermediate 32 \
+    --routed-scaling-factor 2.827 --max-pos 4096 --quant-experts mxfp4 --quant-dense int4

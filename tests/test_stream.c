@@ -48,6 +48,10 @@ static model MODELS[] = {
     {.name = "engine-moe", .moe_layers = {0, 2}, .top_k = 3, .n_experts = 16},
     {.name = "engine-ds", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
     {.name = "engine-ds-v2", .moe_layers = {1, 2}, .top_k = 3, .n_experts = 16},
+    /* weights as shipped (issue 22): FP8 everywhere; INT4 experts; MXFP4 experts + INT4 dense */
+    {.name = "engine-fp8-ds", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
+    {.name = "engine-int4-kimi", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
+    {.name = "engine-mixed-kimi", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
 };
 #define N_MODELS (int)(sizeof MODELS / sizeof MODELS[0])
 static model *M = &MODELS[0]; /* the model the tests run on */
@@ -172,6 +176,9 @@ static int teardown(void **state) {
 static int on_moe(void **state) { (void)state; M = &MODELS[0]; return 0; }
 static int on_ds(void **state) { (void)state; M = &MODELS[1]; return 0; }
 static int on_ds_v2(void **state) { (void)state; M = &MODELS[2]; return 0; }
+static int on_fp8(void **state) { (void)state; M = &MODELS[3]; return 0; }
+static int on_int4(void **state) { (void)state; M = &MODELS[4]; return 0; }
+static int on_mixed(void **state) { (void)state; M = &MODELS[5]; return 0; }
 
 static void check(const arm *a) {
     float *got = run(a, NULL);
@@ -504,6 +511,10 @@ static void check_copied(const df_model *m, const df_weight *w) {
     assert_true(in_ram(m, w));
     assert_ptr_equal(df_model_ram_copy(m, w->t), w->v.data);
     assert_int_equal(memcmp(w->v.data, w->t->data, w->t->nbytes), 0);
+    if (w->ts) { /* a scaled matrix: its scale grid too */
+        assert_ptr_equal(df_model_ram_copy(m, w->ts), w->v.scale);
+        assert_int_equal(memcmp(w->v.scale, w->ts->data, w->ts->nbytes), 0);
+    }
 }
 
 static void check_dense_copy(const char *dir, bool tied) {
@@ -545,10 +556,10 @@ static void check_dense_copy(const char *dir, bool tied) {
     int n_shared = 0;
     for (size_t i = 0; i < df_st_count(m.st); i++) {
         const df_tensor *t = df_st_at(m.st, i);
-        if (!strstr(t->name, ".shared_experts.")) continue;
+        if (!strstr(t->name, ".shared_experts.") || strstr(t->name, ".weight_shape")) continue;
         assert_false(m.is_expert[i]);
         assert_non_null(df_model_ram_copy(&m, t));
-        n_shared++;
+        n_shared += !strstr(t->name, ".weight_scale"); /* the values; scales copied too */
     }
     assert_int_equal(n_shared, m.cfg.n_shared_experts ? 3 * n_moe : 0);
     df_model_free(&m);
@@ -765,6 +776,10 @@ int main(void) {
         /* the DeepSeek-V3 family */
         cmocka_unit_test_setup_teardown(test_family_arms, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_family_arms_few, on_ds_v2, on_moe),
+        cmocka_unit_test_setup_teardown(test_family_arms_few, on_fp8, on_moe),
+        cmocka_unit_test_setup_teardown(test_family_arms_few, on_int4, on_moe),
+        cmocka_unit_test_setup_teardown(test_family_arms_few, on_mixed, on_moe),
+        cmocka_unit_test_setup_teardown(test_dense_copy_family, on_fp8, on_moe),
         cmocka_unit_test_setup_teardown(test_stats, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_prefetch_stats, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_lookahead_family_router, on_ds, on_moe),

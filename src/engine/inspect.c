@@ -40,6 +40,15 @@ static void inspect_tensors(const df_model *m, FILE *f) {
         for (int e = 0; c->layer_is_moe[li] && e < c->num_experts; e++)
             for (int p = 0; p < m->experts.layout->n_parts; p++)
                 xlayer[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = li;
+    for (int li = 0; m->experts.xt && li < c->num_hidden_layers; li++) /* packed experts' shapes */
+        for (int e = 0; c->layer_is_moe[li] && e < c->num_experts; e++)
+            for (int k = 0; k < DF_EXPERT_MATS; k++) {
+                char name[340];
+                df_expert_module(c, li, e, k, name, sizeof name - 16);
+                strcat(name, ".weight_shape");
+                const df_tensor *t = df_st_find(m->st, name);
+                if (t) xlayer[df_st_index(m->st, t)] = li;
+            }
     uint64_t per_layer_bytes = 0;
     int per_layer_count = 0, cur_layer = -1;
     for (size_t i = 0; i < nt; i++) {
@@ -67,6 +76,44 @@ static void inspect_tensors(const df_model *m, FILE *f) {
     free(xlayer);
 }
 
+/* The formats the weights are shipped in: the config's quantization, the
+ * routed experts' matrices, the always-active bytes per stored dtype. */
+static void inspect_formats(const df_model *m, FILE *f) {
+    fprintf(f, "weights               %s\n", m->quant ? df_quant_describe(m->quant) : "unquantized");
+    const df_expert_layout *xl = m->experts.layout;
+    if (xl && m->experts.xt) {
+        int li = 0;
+        while (!m->cfg.layer_is_moe[li]) li++;
+        static const char *const mat[] = {"gate", "up", "down"};
+        fprintf(f, "expert formats       ");
+        uint64_t bf16 = 0;
+        for (int k = 0; k < DF_EXPERT_MATS; k++) {
+            const df_tensor *t = df_expert_part(&m->experts, li, 0, xl->mat[k].values);
+            df_wfmt w = xl->fmt[k];
+            if (xl->mat[k].scale < 0) df_wfmt_of_dtype(t->dtype, &w);
+            int cols = (int)t->shape[1] * (xl->kind[k] == DF_Q_INT4 ? 8 : xl->kind[k] == DF_Q_MXFP4 ? 2 : 1);
+            bf16 += 2 * (uint64_t)t->shape[0] * (uint64_t)cols;
+            fprintf(f, " %s %s%s", mat[k], df_wfmt_name(w), k < DF_EXPERT_MATS - 1 ? "," : "");
+        }
+        char a[32], b[32];
+        df_fmt_bytes_iec(a, sizeof a, df_expert_bytes(&m->experts, li, 0));
+        df_fmt_bytes_iec(b, sizeof b, bf16);
+        fprintf(f, "; %s per expert as shipped (%s in BF16)\n", a, b);
+    }
+    uint64_t by[DF_DT_COUNT] = {0};
+    size_t nt = df_st_count(m->st);
+    for (size_t i = 0; i < nt; i++)
+        if (m->used[i] && !m->is_expert[i]) by[df_st_at(m->st, i)->dtype] += df_st_at(m->st, i)->nbytes;
+    fprintf(f, "always-active dtypes ");
+    for (int d = 0; d < DF_DT_COUNT; d++) {
+        if (!by[d]) continue;
+        char a[32];
+        df_fmt_bytes_iec(a, sizeof a, by[d]);
+        fprintf(f, " %s %s", df_dtype_name((df_dtype)d), a);
+    }
+    fprintf(f, "\n");
+}
+
 void df_engine_inspect(const df_engine *e, FILE *f) {
     const df_config *c = &e->model.cfg;
     const df_model *m = &e->model;
@@ -79,6 +126,7 @@ void df_engine_inspect(const df_engine *e, FILE *f) {
     for (int i = 0; i < e->n_stop; i++) fprintf(f, " %d", e->stop_ids[i]);
     fprintf(f, "\nchat template         %s\n", df_chat_template_name(e->chat));
     fprintf(f, "kernels               %s, %d threads\n", e->info.isa, e->info.n_threads);
+    inspect_formats(m, f);
     fprintf(f, "\ntensors (%zu in %d file%s):\n", df_st_count(m->st), df_st_file_count(m->st),
             df_st_file_count(m->st) == 1 ? "" : "s");
     inspect_tensors(m, f);

@@ -162,6 +162,17 @@ int df_model_load(df_model *m, const char *dir, df_error *err) {
         for (int e = 0; c->layer_is_moe[li] && e < m->experts.n_experts; e++)
             for (int p = 0; p < m->experts.layout->n_parts; p++)
                 m->is_expert[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = true;
+    /* pack-quantized experts' weight_shape tensors: read once at load (checked),
+     * never by the forward pass; listed and counted with the experts */
+    for (int li = 0; m->experts.xt && li < m->experts.n_layers; li++)
+        for (int e = 0; c->layer_is_moe[li] && e < m->experts.n_experts; e++)
+            for (int k = 0; k < DF_EXPERT_MATS; k++) {
+                char name[340];
+                df_expert_module(c, li, e, k, name, sizeof name - 16);
+                strcat(name, ".weight_shape");
+                const df_tensor *t = df_st_find(m->st, name);
+                if (t) m->is_expert[df_st_index(m->st, t)] = true, m->bytes_shapes += t->nbytes;
+            }
     m->bytes_experts = m->experts.bytes;
     for (size_t i = 0; i < nt; i++) {
         uint64_t b = df_st_at(m->st, i)->nbytes;
