@@ -352,10 +352,19 @@ static void put_record(df_sbuf *b, quoted *qn, const df_pack_record *r, uint64_t
     df_sb_printf(b, "]]%s\n", last ? "" : ",");
 }
 
-char *pk_manifest_text(const pk_plan *p, const df_config *c, const char *uuid, const char *fp,
+char *pk_manifest_text(const pk_plan *p, const df_config *c, const df_expert_layout *xl, const char *uuid, const char *fp,
                        int stripe, const uint64_t *rec_xxh3, const uint64_t *stripe_xxh3) {
     df_sbuf b = {0};
     char *arch = json_quote(c->model_type);
+    /* for information (the parts' names and dtypes are what readers check):
+     * the experts' matrices as shipped, "stored" when the dtype says it */
+    char formats[256];
+    static const char *const mat[] = {"gate", "up", "down"};
+    size_t o = (size_t)snprintf(formats, sizeof formats, "{");
+    for (int k = 0; k < DF_EXPERT_MATS && o < sizeof formats; k++)
+        o += (size_t)snprintf(formats + o, sizeof formats - o, "%s\"%s\": \"%s\"", k ? ", " : "", mat[k],
+                              xl->mat[k].scale >= 0 ? df_wfmt_name(xl->fmt[k]) : "as the part's dtype");
+    if (o < sizeof formats) snprintf(formats + o, sizeof formats - o, "}");
     df_sb_printf(&b,
                  "{\n"
                  "  \"format\": \"" FORMAT_NAME "\",\n"
@@ -367,6 +376,7 @@ char *pk_manifest_text(const pk_plan *p, const df_config *c, const char *uuid, c
                  "  \"fingerprint\": \"%s\",\n"
                  "  \"model\": {\"architecture\": %s, \"num_hidden_layers\": %d, "
                  "\"num_experts\": %d, \"hidden_size\": %d, \"moe_intermediate_size\": %d},\n"
+                 "  \"weight_formats\": %s,\n"
                  "  \"data_file\": \"" DATA_NAME "\",\n"
                  "  \"data_bytes\": %" PRIu64 ",\n"
                  "  \"record_fields\": [\"layer\", \"expert\", \"offset\", \"length\", \"xxh3\", "
@@ -374,7 +384,7 @@ char *pk_manifest_text(const pk_plan *p, const df_config *c, const char *uuid, c
                  "  \"part_fields\": [\"name\", \"dtype\", \"shape\", \"nbytes\"],\n"
                  "  \"records\": [\n",
                  DF_PACK_VERSION, uuid, stripe, p->S, DF_PACK_ALIGN, fp, arch, c->num_hidden_layers,
-                 c->num_experts, c->hidden_size, c->moe_intermediate_size, p->stripe_file_bytes);
+                 c->num_experts, c->hidden_size, c->moe_intermediate_size, formats, p->stripe_file_bytes);
     free(arch);
     quoted qn = {0};
     for (int i = 0; i < p->n; i++)

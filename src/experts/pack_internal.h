@@ -97,7 +97,7 @@ typedef struct pk_manifest {
 } pk_manifest;
 
 /* The manifest of stripe `stripe` (version DF_PACK_VERSION), one record a line. */
-char *pk_manifest_text(const pk_plan *p, const df_config *c, const char *uuid, const char *fp,
+char *pk_manifest_text(const pk_plan *p, const df_config *c, const df_expert_layout *xl, const char *uuid, const char *fp,
                        int stripe, const uint64_t *rec_xxh3, const uint64_t *stripe_xxh3);
 /* Reads and validates dir/manifest.json (version 1 or 2); errors name dir. */
 int pk_manifest_load(pk_manifest *mf, const char *dir, df_error *err);

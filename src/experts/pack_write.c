@@ -407,7 +407,7 @@ static int finish(writer *w, df_error *err) {
             ftruncate(d->fd, (off_t)w->pl.stripe_file_bytes) != 0)
             return disk_full(w, d, DATA_PARTIAL, errno, err);
         if (fsync(d->fd) != 0) return disk_full(w, d, DATA_PARTIAL, errno, err);
-        char *t = pk_manifest_text(&w->pl, &w->src.cfg, w->uuid, w->fp, i, w->xxh3, d->sxxh3);
+        char *t = pk_manifest_text(&w->pl, &w->src.cfg, w->src.inv.layout, w->uuid, w->fp, i, w->xxh3, d->sxxh3);
         int e = pk_write_file_durable(d->dir, MANIFEST_PARTIAL, NULL, t, strlen(t));
         free(t);
         if (e) return disk_full(w, d, MANIFEST_PARTIAL, e, err);
