@@ -208,6 +208,20 @@ if ds_summary:
                   f"{c['expanded_f32_bytes_per_token']} B in F32, {c['expanded_bf16_bytes_per_token']} B in BF16 "
                   f"({c['expanded_values']} values per layer; {c['expanded_values'] / c['latent_values']:.1f}x)")
     md.append("")
+fmt_rows = [e for e in results if e["section"] == "formats"]
+if fmt_rows:
+    fb = {r["model"]: r for r in rows if r.get("event") == "bytes" and r.get("section") == "formats"}
+    md += ["## formats (weights as shipped, in RAM, 2 threads, context 16; issue 22)", "",
+           "| arm | decode tok/s | shipped MB/token | memory read GB/s | fraction of memory bandwidth | "
+           "expert MB/token as shipped | the same experts in BF16 |",
+           "|---|---|---|---|---|---|---|"]
+    for e in fmt_rows:
+        b = fb.get(e["model"], {})
+        sh, bf = b.get("expert_bytes_per_token_shipped"), b.get("expert_bytes_per_token_bf16")
+        md.append(f"| {e['arm']} | {m(e, 'tokens_per_s', '{:.2f}')} | {e['active_mb_per_token']:.1f} | "
+                  f"{m(e, 'membw_gbs', '{:.1f}')} | {m(e, 'membw_fraction', '{:.2f}')} | "
+                  + (f"{sh / 1e6:.1f} | {bf / 1e6:.1f} ({bf / sh:.2f}x) |" if sh and bf else "- | - |"))
+    md.append("")
 BOUND_NOTE = {
     "bound": "the sweep model",
     "bound-replay": "the replay model, routing replayed from a real trace",

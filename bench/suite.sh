@@ -19,6 +19,13 @@
 #          MLA attention in a decode step at DS_CTX (the step's growth from
 #          context 16 to DS_CTX, and bench_mla's timer of the MLA block alone);
 #          latent vs expanded K/V cache bytes per token.
+#  formats weights as shipped (issue 22), in RAM, warm, 2 threads: the deepseek
+#          section's model with every Linear in FP8 (128x128 block scales, as
+#          DeepSeek-V3/R1 ship) and a Kimi K2-shaped one (hidden 2048, 8 layers,
+#          64 experts top-8 of width 2048) with INT4 routed experts (as K2-Thinking
+#          ships): decode at context 16, shipped bytes per token x tokens/s over
+#          the memory bandwidth measured just before; the expert bytes per token
+#          as shipped next to what the same experts in BF16 would read.
 #  sweep   synthetic Qwen3-MoE (random routers) at 5/10/25/50/100% of the expert
 #          bytes as expert cache: pack + deltafin policy, pack + LRU, page-cache
 #          path (safetensors, buffered reads, page cache held to the same budget
@@ -78,7 +85,7 @@ COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
-SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core deepseek sweep replay bound demo")} # core, deepseek: 10 GB models
+SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core deepseek formats sweep replay bound demo")} # core, deepseek, formats: 5-10 GB models
 SIM_GBS=${SIM_GBS:-0.6}
 BOUND_NEW=${BOUND_NEW:-$(q 32 128)}
 BOUND_PROMPT=${BOUND_PROMPT:-16}
@@ -223,7 +230,7 @@ run_arm() {
         read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
         [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding memory to the budget"
     fi
-    case $sec in core | deepseek) ;; *) drop ;; esac # in-RAM sections run warm
+    case $sec in core | deepseek | formats) ;; *) drop ;; esac # in-RAM sections run warm
     local json
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
@@ -361,6 +368,77 @@ PYEOF
             echo "$MLA" | awk -v rep="$rep" '/^mla_decode_ms/{d=$2} /^mla_prefill_ms_per_row/{p=$2}
                 END{printf "{\"section\":\"deepseek\",\"event\":\"mla\",\"rep\":%d,\"mla_decode_ms\":%s,\"mla_prefill_ms_per_row\":%s}\n", rep, d, p}' >>"$ARMS"
             say "rep $rep: bench_mla at ctx $DS_CTX: $(echo "$MLA" | grep -E '^mla_' | tr '\n' ' ')"
+        done
+        ARM_MEMBW=
+    fi
+fi
+
+# ---- formats: weights as shipped, in RAM (issue 22) ---------------------------------
+# Two models, their arms interleaved per repetition (reversed on even ones), warm.
+if [[ " $SECTIONS " == *" formats "* ]]; then
+    FP8M=$B/bench-models/dsv3-fp8-h2048-l8-e64
+    K2M=$B/bench-models/k2-int4-h2048-l8-e64
+    FMT_DS=(--arch deepseek_v3 --seed 5 --dtype bf16 --vocab 129280 --hidden 2048 --intermediate 10944
+        --layers 8 --first-k-dense 1 --heads 16 --q-lora-rank 768 --kv-lora-rank 512 --qk-nope-dim 128
+        --qk-rope-dim 64 --v-head-dim 128 --experts 64 --top-k 6 --n-shared-experts 1
+        --moe-intermediate 1408 --n-group 8 --topk-group 4 --routed-scaling-factor 2.5 --norm-topk-prob 1
+        --max-pos 8192 --max-shard-size 4000000000 --fast-init --quant fp8)
+    FMT_K2=(--arch kimi_k2 --seed 6 --dtype bf16 --vocab 163840 --hidden 2048 --intermediate 8192
+        --layers 8 --first-k-dense 1 --heads 16 --q-lora-rank 768 --kv-lora-rank 512 --qk-nope-dim 128
+        --qk-rope-dim 64 --v-head-dim 128 --experts 64 --top-k 8 --n-shared-experts 1
+        --moe-intermediate 2048 --routed-scaling-factor 2.827 --norm-topk-prob 1
+        --max-pos 8192 --max-shard-size 4000000000 --fast-init --quant int4)
+    FMT_OK=()
+    for pair in "$FP8M:FMT_DS:4800000000" "$K2M:FMT_K2:5000000000"; do
+        IFS=: read -r dir var need <<<"$pair"
+        declare -n gen_args=$var
+        if [ -f "$dir/config.json" ] || { room_for "$dir" "$need" "checkpoint" &&
+            say "generating $dir" && nice /usr/bin/python3 tools/gen_checkpoint.py --out "$dir" "${gen_args[@]}" >>"$LOG"; }; then
+            FMT_OK+=("$dir")
+            # expert bytes per token as shipped, and in BF16: top-k x MoE layers x one expert
+            /usr/bin/python3 - "$dir" >>"$ARMS" <<'PYEOF'
+import json, os, struct, sys
+d = sys.argv[1]
+c = json.load(open(os.path.join(d, "config.json")))
+k0 = c.get("first_k_dense_replace", 0)
+pre = f"model.layers.{k0}.mlp.experts.0."
+shipped = 0
+for fn in sorted(os.listdir(d)):
+    if fn.endswith(".safetensors"):
+        with open(os.path.join(d, fn), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            h = json.loads(f.read(n))
+        for name, t in h.items():
+            if name.startswith(pre) and not name.endswith("weight_shape"):
+                shipped += t["data_offsets"][1] - t["data_offsets"][0]
+moe = c["num_hidden_layers"] - k0
+per_tok = c["num_experts_per_tok"] * moe
+bf16 = 3 * 2 * c["hidden_size"] * c["moe_intermediate_size"]
+print(json.dumps({"section": "formats", "event": "bytes", "model": d, "expert_bytes_shipped": shipped,
+                  "expert_bytes_bf16": bf16, "expert_bytes_per_token_shipped": shipped * per_tok,
+                  "expert_bytes_per_token_bf16": bf16 * per_tok}))
+PYEOF
+        fi
+        unset -n gen_args
+    done
+    if [ ${#FMT_OK[@]} -gt 0 ]; then
+        say ""
+        say "## formats: ${FMT_OK[*]} in RAM (resident, warm), 2 threads; decode $DS_NEW at context 16"
+        for dir in "${FMT_OK[@]}"; do
+            "$ENG" inspect --model "$dir" | grep -E '^(weights|expert formats|always-active dtypes)' | tee -a "$LOG"
+            "$ENG" run --model "$dir" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
+        done
+        for rep in $(seq "$DS_REPS"); do
+            ORDER=("${FMT_OK[@]}")
+            [ $((rep % 2)) = 0 ] && [ ${#ORDER[@]} = 2 ] && ORDER=("${FMT_OK[1]}" "${FMT_OK[0]}")
+            for dir in "${ORDER[@]}"; do
+                read -r EB DB < <(model_bytes "$dir")
+                name=resident-fp8-dsv3
+                [ "$dir" = "$K2M" ] && name=resident-int4-k2
+                ARM_MEMBW=$("$B/bench_kernels" --membw-only | awk '/^membw_gbs/{print $2}')
+                run_arm formats "$name" "$dir" 100 "$EB" "$DB" 0 "$rep" 16 "$DS_NEW" --threads 2
+                say "  memory read bandwidth just before: $ARM_MEMBW GB/s"
+            done
         done
         ARM_MEMBW=
     fi
