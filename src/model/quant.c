@@ -335,9 +335,10 @@ static void shape_of(const df_tensor *t, char *buf, size_t n) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-/* Tensor module+suffix, which must be there with dtype dt (-1: any) and shape [r][c]. */
+/* Tensor module+suffix, which must be there with dtype dt (-1: any) and shape
+ * [r][c]; `what` says what it is, `implied` what implies the shape. */
 static int need(const df_st *st, const char *mod, const char *suffix, int dt, int64_t r, int64_t c,
-                const char *what, const df_tensor **out, df_error *err) {
+                const char *what, const char *implied, const df_tensor **out, df_error *err) {
     char name[320];
     snprintf(name, sizeof name, "%s%s", mod, suffix);
     const df_tensor *t = df_st_find(st, name);
@@ -345,14 +346,14 @@ static int need(const df_st *st, const char *mod, const char *suffix, int dt, in
         return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' is missing from the checkpoint (%s)",
                        df_st_where(st), name, what);
     if (dt >= 0 && t->dtype != (df_dtype)dt)
-        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s but %s is %s",
-                       df_st_file_path(st, t->file), name, df_dtype_name(t->dtype), what,
-                       df_dtype_name((df_dtype)dt));
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, want %s (%s)",
+                       df_st_file_path(st, t->file), name, df_dtype_name(t->dtype), df_dtype_name((df_dtype)dt),
+                       what);
     if (t->ndim != 2 || t->shape[0] != r || t->shape[1] != c) {
         char got[96];
         shape_of(t, got, sizeof got);
-        return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' has shape %s but %s is [%lld,%lld]",
-                       df_st_file_path(st, t->file), name, got, what, (long long)r, (long long)c);
+        return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' has shape %s but %s [%lld,%lld]",
+                       df_st_file_path(st, t->file), name, got, implied, (long long)r, (long long)c);
     }
     *out = t;
     return DF_OK;
@@ -420,7 +421,7 @@ static int bind_plain(const df_st *st, const char *mod, int rows, int cols, df_q
         return df_fail(err, DF_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32, "
                        "and the quantized formats of quantization_config)",
                        df_st_file_path(st, t->file), name, df_dtype_name(t->dtype));
-    int rc = need(st, mod, ".weight", -1, rows, cols, "config.json implies", &t, err);
+    int rc = need(st, mod, ".weight", -1, rows, cols, "a weight", "config.json implies", &t, err);
     if (rc || (rc = stray(st, mod, DF_Q_NONE, err))) return rc;
     out->fmt = f;
     out->values = t;
@@ -436,11 +437,12 @@ int df_quant_bind(const df_st *st, const df_quant *q, const char *mod, int rows,
     if ((rc = stray(st, mod, out->kind, err))) return rc;
     if (out->kind == DF_Q_FP8) {
         out->fmt = df_wfmt_fp8_block();
-        if ((rc = need(st, mod, ".weight", DF_DT_F8_E4M3, rows, cols, "an fp8 weight of the config's shape",
+        if ((rc = need(st, mod, ".weight", DF_DT_F8_E4M3, rows, cols, "an fp8 weight", "config.json implies",
                        &out->values, err)))
             return rc;
         return need(st, mod, ".weight_scale_inv", DF_DT_F32, (rows + 127) / 128, (cols + 127) / 128,
-                    "its 128x128 block-scale grid", &out->scale, err);
+                    "the fp8 weight's scales", "one scale per 128x128 block of the weight's shape gives",
+                    &out->scale, err);
     }
     bool i4 = out->kind == DF_Q_INT4;
     out->fmt = i4 ? df_wfmt_int4_group() : df_wfmt_mxfp4();
@@ -458,10 +460,13 @@ int df_quant_bind(const df_st *st, const df_quant *q, const char *mod, int rows,
                        "weights carry their shape)", df_st_where(st), sh);
     if (out->shape && (rc = check_shape(st, out->shape, rows, cols, err))) return rc;
     if ((rc = need(st, mod, ".weight_packed", i4 ? DF_DT_I32 : DF_DT_U8, rows, i4 ? cols / 8 : cols / 2,
-                   i4 ? "INT4 packed eight per I32 word" : "MXFP4 packed two per byte", &out->values, err)))
+                   i4 ? "INT4 values, eight per I32 word" : "MXFP4 values, two per byte",
+                   i4 ? "eight values per word of the weight's shape gives" : "two values per byte of the weight's shape gives",
+                   &out->values, err)))
         return rc;
     return need(st, mod, ".weight_scale", i4 ? DF_DT_BF16 : DF_DT_U8, rows, cols / 32,
-                i4 ? "its BF16 scale per group of 32" : "its E8M0 scale per group of 32", &out->scale, err);
+                i4 ? "BF16 scales, one per group of 32" : "E8M0 scales, one per group of 32",
+                "one scale per 32 values of the weight's shape gives", &out->scale, err);
 }
 
 int df_quant_check_scales(const df_st *st, const df_tensor *t, df_wfmt fmt, const void *data, df_error *err) {
