@@ -6,7 +6,8 @@
 # Kimi K2.5-style wrapper (text_config, language_model. prefix, vision tower),
 # their parameter counts against the published ones, and the softmax scales and
 # latent cache sizes ../shared/notes/ARCHITECTURES.md works out by hand.
-# BF16 throughout (the shipped FP8/INT4 formats are the next issue's).
+# Then as shipped: DeepSeek-V3 in FP8 (128x128 block scales) and Kimi K2-Thinking
+# with INT4 routed experts, whose expert bytes are worked out by hand below.
 set -u
 cd "$(dirname "$0")/.."
 ENG=${1:-build/deltafin-san}
@@ -34,6 +35,15 @@ gen k2 --arch kimi_k2 --vocab 163840 "${V3DIMS[@]}" --heads 64 --experts 384 --t
 gen k25 --arch kimi_k2 --vocab 163840 "${V3DIMS[@]}" --heads 64 --experts 384 --top-k 8 --first-k-dense 1 \
     --routed-scaling-factor 2.827 --max-pos 262144 --rms-eps 1e-5 --wrap-language-model \
     --rope-scaling yarn:factor=64,original_max_position_embeddings=4096,beta_fast=32,beta_slow=1,mscale=1.0,mscale_all_dim=1.0
+
+gen v3-fp8 --arch deepseek_v3 --vocab 129280 "${V3DIMS[@]}" --heads 128 --experts 256 --top-k 8 --n-group 8 \
+    --topk-group 4 --first-k-dense 3 --routed-scaling-factor 2.5 --mtp-layers 1 --max-pos 163840 \
+    --rope-scaling yarn:factor=40,original_max_position_embeddings=4096,beta_fast=32,beta_slow=1,mscale=1.0,mscale_all_dim=1.0 \
+    --quant fp8
+gen k2-thinking --arch kimi_k2 --vocab 163840 "${V3DIMS[@]}" --heads 64 --experts 384 --top-k 8 --first-k-dense 1 \
+    --routed-scaling-factor 2.827 --max-pos 262144 \
+    --rope-scaling yarn:factor=64,original_max_position_embeddings=4096,beta_fast=1,beta_slow=1,mscale=1.0,mscale_all_dim=1.0 \
+    --quant int4
 
 # check NAME PATTERN... : inspect NAME's output has every pattern
 check() {
@@ -68,4 +78,12 @@ params k2 1025 1035             # Kimi K2: 1.03T (scale tensors of the FP8 relea
 check k25 "softmax scale +0\.144680" "tensors under 'language_model\.'" "rms_norm_eps +1e-05" \
     "not used: [0-9]+ tensors"
 params k25 1025 1035
+# As shipped. DeepSeek-V3 FP8, one expert matrix [2048 x 7168]: 2048 * 7168 e4m3 bytes +
+# 16 x 56 F32 block scales = 14,683,648 B; 3 per expert, 256 experts, 58 MoE layers.
+check v3-fp8 "^weights +fp8 \(e4m3" "gate F8_E4M3/F32\[128x128\]" "routed experts .*\(654068416512\)" \
+    "always-active dtypes .*F8_E4M3" "not used: [0-9]+ tensors"
+# Kimi K2-Thinking INT4 experts: 2048 * 7168 / 2 packed bytes + 2048 x 224 BF16 scales =
+# 8,257,536 B per matrix (weight_shape aside); 3 per expert, 384 experts, 60 MoE layers.
+check k2-thinking "pack-quantized: int4" "gate I4/BF16\[1x32\]" "routed experts .*\(570760888320\)" \
+    "always-active dtypes +F32 [^ ]+ [^ ]+ BF16"
 finish

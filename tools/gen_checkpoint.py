@@ -472,7 +472,10 @@ def generate(a):
         w = st.SafeTensorsWriter(os.path.join(a.out, fn), specs, {"format": "pt"})
         for t in shard:
             name, shape, mean, std = t[:4]
-            if a.sparse:
+            if a.sparse and name.endswith(".weight_shape"):
+                # metadata, not weights: holes would say [0, 0] (the loader checks it)
+                t[4]["packed"].write(w, name)
+            elif a.sparse:
                 w.skip(name)
             elif len(t) > 4 and "packed" in t[4]:
                 t[4]["packed"].write(w, name)
