@@ -142,7 +142,7 @@ struct mm_res {
 
 /* Runs df_matmul over consecutive copies of the weights in `wbig` (cycling)
  * until `budget` seconds pass; median of `reps` such rounds. */
-/* A memory-bandwidth pass (256 MiB) runs before each round, so each row's
+/* A memory-bandwidth pass (256 MiB, or the whole buffer if smaller) runs before each round, so each row's
  * fraction of bandwidth compares numbers taken at the same time: this machine
  * is shared and its bandwidth drifts. */
 static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_total,
@@ -154,7 +154,7 @@ static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_
     size_t ci = 0;
     mm(pool, y, N, x, K, wbig, DF_DT_BF16, T, N, K); /* warm-up */
     for (int r = 0; r < reps; r++) {
-        bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, 256);
+        bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, wbytes_total >> 20 < 256 ? wbytes_total >> 20 : 256);
         int calls = 0;
         double t0 = df_now(), t;
         do {
@@ -222,14 +222,14 @@ static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv
 }
 
 /* Median time per call of df_matmul cycling over the views (rounds of
- * `budget` seconds, each after a 256 MiB bandwidth pass: see bench_mm). */
+ * `budget` seconds, each after a bandwidth pass over rdmib MiB: see bench_mm). */
 static struct mm_res bench_views(df_pool *pool, const df_wview *v, int nv, uint64_t packed, int T, float *x,
-                                 float *y, const uint64_t *rdbuf, double budget, int reps) {
+                                 float *y, const uint64_t *rdbuf, size_t rdmib, double budget, int reps) {
     double t[16], bwv[16];
     int ci = 0;
     df_matmul(pool, y, FM_N, x, FM_K, &v[0], T); /* warm-up */
     for (int r = 0; r < reps; r++) {
-        bwv[r] = mem_read_once(pool, rdbuf, 256);
+        bwv[r] = mem_read_once(pool, rdbuf, rdmib);
         int calls = 0;
         double t0 = df_now(), t1;
         do {
@@ -280,7 +280,8 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
             df_isa_set((df_isa)isa);
             for (int ti = 0; ti < nt; ti++) {
                 double budget = isa == DF_ISA_C ? 0.5 : 0.25;
-                struct mm_res r = bench_views(pool, v, nv, packed, ts[ti], x, y, buf, budget, isa == DF_ISA_C ? 3 : 7);
+                struct mm_res r = bench_views(pool, v, nv, packed, ts[ti], x, y, buf, mem_mib < 256 ? mem_mib : 256, budget,
+                                              isa == DF_ISA_C ? 3 : 7);
                 printf("%-7s %-22s %4d %3d %6d %10.3f %8.2f %8.2f %8.2f %10.1f\n", df_isa_name((df_isa)isa),
                        df_wfmt_name(fmts[fi]), ts[ti], threads, nv, r.ms_call, r.gbs, r.membw, r.gbs / r.membw,
                        r.us_tok);
