@@ -124,6 +124,19 @@ INL void qstep(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *
         keep[0] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane));
         keep[1] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem - 8), lane));
     }
+    if (RT == 1 && !tail) {
+        /* one weight vector live at a time: the 4-row group's 8 accumulators
+         * and states then fit the 16 registers (decoding all 8 weights
+         * first spilled the accumulators) */
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256 xv = _mm256_loadu_ps(x + k + 8 * h);
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++)
+                acc[r][0][h] = _mm256_fmadd_ps(dec8(el, w + r * rs, k + 8 * h, st[r], two, nanchk), xv, acc[r][0][h]);
+        }
+        return;
+    }
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++)
         #pragma GCC unroll 2
@@ -168,7 +181,10 @@ INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
     if (el == FP8) {
         for (; k + 32 <= ke; k += 32) {
             int nan = fp8_has_nan(w, rs, k, RN, 32);
+            /* as in scaled_avx512.c: no loads hoisted above the test */
+            __asm__ volatile("" ::: "memory");
             if (__builtin_expect(!nan, 1)) {
+                __asm__ volatile("" ::: "memory");
                 qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 0, 16);
                 qstep(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, two, 0, 0, 16);
             } else {
