@@ -9,10 +9,17 @@
  *    weights on every ISA path: weight GB/s, fraction of memory bandwidth, and
  *    time per token. The weights cycle through many copies (>> L3), so decode
  *    is measured against RAM as it is in a real model, not against the cache.
+ * 4. --formats (instead of 2 and 3): the weight formats as shipped (BF16 for
+ *    comparison, F8_E4M3/F32[128x128], I4/BF16[1x32], E2M1/E8M0[1x32]) on a
+ *    [2048 x 7168] matrix, cycling over copies that fill the --mem-mib
+ *    buffer: packed GB/s (values + scales per second) as a fraction of the
+ *    read bandwidth measured between the rounds. --tokens 1,2,8 picks the
+ *    batch sizes (default 1); the C path only with --isa c.
  *
  * Build: make B=build build/bench_kernels   (also part of `make bench`)
  * Run:   build/bench_kernels [--threads N] [--mem-mib M] [--isa c|avx2|avx512]
- *        (bench/run.sh reads the `membw_gbs` line)
+ *                            [--membw-only] [--formats [--tokens LIST]]
+ *        (bench/run.sh and bench/suite.sh read the `membw_gbs` line)
  */
 #include "kernels/kernels.h"
 
@@ -135,7 +142,7 @@ struct mm_res {
 
 /* Runs df_matmul over consecutive copies of the weights in `wbig` (cycling)
  * until `budget` seconds pass; median of `reps` such rounds. */
-/* A memory-bandwidth pass (256 MiB) runs before each round, so each row's
+/* A memory-bandwidth pass (256 MiB, or the whole buffer if smaller) runs before each round, so each row's
  * fraction of bandwidth compares numbers taken at the same time: this machine
  * is shared and its bandwidth drifts. */
 static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_total,
@@ -147,7 +154,7 @@ static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_
     size_t ci = 0;
     mm(pool, y, N, x, K, wbig, DF_DT_BF16, T, N, K); /* warm-up */
     for (int r = 0; r < reps; r++) {
-        bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, 256);
+        bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, wbytes_total >> 20 < 256 ? wbytes_total >> 20 : 256);
         int calls = 0;
         double t0 = df_now(), t;
         do {
@@ -163,18 +170,148 @@ static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_
     return res;
 }
 
+/* ---- weight formats (--formats) ----------------------------------------------- */
+
+#define FM_N 2048
+#define FM_K 7168
+
+static uint64_t fm_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t fm_next(void) {
+    fm_rng ^= fm_rng << 13, fm_rng ^= fm_rng >> 7, fm_rng ^= fm_rng << 17;
+    return fm_rng;
+}
+
+/* Fills one copy's values and scales with what a real checkpoint holds: no
+ * e4m3 NaN codes, finite scales of ordinary size (so the kernels take their
+ * common paths), random 4-bit codes. */
+static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb) {
+    for (size_t i = 0; i < vb; i += 8) {
+        uint64_t r = fm_next();
+        if (f.elem == DF_EL_BF16) r = (r & 0x807f807f807f807full) | 0x3c003c003c003c00ull;
+        if (f.elem == DF_EL_F8_E4M3) r &= 0xf7f7f7f7f7f7f7f7ull; /* exponent <= 14: never 0x7f/0xff */
+        memcpy(vals + i, &r, vb - i < 8 ? vb - i : 8);
+    }
+    for (size_t i = 0; i < sb;) {
+        uint32_t r = (uint32_t)fm_next();
+        if (f.scale == DF_SC_F32) {
+            float v = (float)(r % 1000 + 1) * 1e-6f;
+            memcpy(sc + i, &v, 4), i += 4;
+        } else if (f.scale == DF_SC_BF16) {
+            uint16_t h = df_f32_to_bf16((float)(r % 1000 + 1) * 1e-5f);
+            memcpy(sc + i, &h, 2), i += 2;
+        } else {
+            sc[i++] = (uint8_t)(115 + r % 10);
+        }
+    }
+}
+
+/* Copies of one format's [FM_N x FM_K] matrix laid out back to back in buf
+ * (values, then scales, each 64-byte aligned). */
+static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv, uint64_t *packed) {
+    size_t vb = (size_t)df_wfmt_bytes(f, FM_N, FM_K), sb = (size_t)df_wfmt_scale_bytes(f, FM_N, FM_K);
+    size_t step = ((vb + 63) & ~(size_t)63) + ((sb + 63) & ~(size_t)63);
+    int n = 0;
+    for (size_t off = 0; off + step <= bytes && n < maxv; off += step, n++) {
+        uint8_t *vals = buf + off, *sc = vals + ((vb + 63) & ~(size_t)63);
+        fm_fill(f, vals, vb, sc, sb);
+        v[n] = f.scale == DF_SC_NONE ? df_wview_make(vals, DF_DT_BF16, FM_N, FM_K)
+                                     : df_wview_scaled(f, vals, sc, FM_N, FM_K);
+    }
+    *packed = vb + sb;
+    return n;
+}
+
+/* Median time per call of df_matmul cycling over the views (rounds of
+ * `budget` seconds, each after a bandwidth pass over rdmib MiB: see bench_mm). */
+static struct mm_res bench_views(df_pool *pool, const df_wview *v, int nv, uint64_t packed, int T, float *x,
+                                 float *y, const uint64_t *rdbuf, size_t rdmib, double budget, int reps) {
+    double t[16], bwv[16];
+    int ci = 0;
+    df_matmul(pool, y, FM_N, x, FM_K, &v[0], T); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        bwv[r] = mem_read_once(pool, rdbuf, rdmib);
+        int calls = 0;
+        double t0 = df_now(), t1;
+        do {
+            df_matmul(pool, y, FM_N, x, FM_K, &v[ci], T);
+            ci = (ci + 1) % nv;
+            calls++;
+            t1 = df_now();
+        } while (t1 - t0 < budget);
+        t[r] = (t1 - t0) / calls;
+    }
+    double s = median(t, reps);
+    struct mm_res res = {s * 1e3, (double)packed / s / 1e9, s / T * 1e6, median(bwv, reps)};
+    return res;
+}
+
+/* Parses "1,2,8" into ts (at most 8 sizes, each 1..64); the count, 0 if bad. */
+static int parse_tokens(const char *s, int *ts) {
+    int n = 0;
+    for (const char *p = s; *p && n < 8;) {
+        char *e;
+        long t = strtol(p, &e, 10);
+        if (e == p || t < 1 || t > 64) return 0;
+        ts[n++] = (int)t;
+        p = *e == ',' ? e + 1 : e;
+        if (*e && *e != ',') return 0;
+    }
+    return n;
+}
+
+static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only_isa, const int *ts, int nt,
+                          int threads) {
+    static const df_wfmt BF16 = {DF_EL_BF16, DF_SC_NONE, 0, 0};
+    const df_wfmt fmts[4] = {BF16, df_wfmt_fp8_block(), df_wfmt_int4_group(), df_wfmt_mxfp4()};
+    enum { MAXV = 1024 };
+    df_wview *v = malloc(sizeof *v * MAXV);
+    float *x = df_aligned_alloc((size_t)64 * FM_K * 4), *y = df_aligned_alloc((size_t)64 * FM_N * 4);
+    for (int i = 0; i < 64 * FM_K; i++) x[i] = (float)((int)(((int64_t)i * 7919) % 2001) - 1000) / 1000.0f;
+    printf("\n# weight formats, [%d x %d] copies cycling over %zu MiB; GB/s = (values + scales) / time\n", FM_N,
+           FM_K, mem_mib);
+    printf("%-7s %-22s %4s %3s %6s %10s %8s %8s %8s %10s\n", "isa", "format", "T", "thr", "copies", "ms/call",
+           "GB/s", "membw", "of_membw", "us/token");
+    for (int fi = 0; fi < 4; fi++) {
+        uint64_t packed;
+        /* the buffer doubles as the bandwidth pass's: refilled per format */
+        int nv = fm_views(fmts[fi], (uint8_t *)buf, mem_mib << 20, v, MAXV, &packed);
+        for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
+            if (only_isa >= 0 ? isa != only_isa : isa == DF_ISA_C) continue;
+            df_isa_set((df_isa)isa);
+            for (int ti = 0; ti < nt; ti++) {
+                double budget = isa == DF_ISA_C ? 0.5 : 0.25;
+                struct mm_res r = bench_views(pool, v, nv, packed, ts[ti], x, y, buf, mem_mib < 256 ? mem_mib : 256, budget,
+                                              isa == DF_ISA_C ? 3 : 7);
+                printf("%-7s %-22s %4d %3d %6d %10.3f %8.2f %8.2f %8.2f %10.1f\n", df_isa_name((df_isa)isa),
+                       df_wfmt_name(fmts[fi]), ts[ti], threads, nv, r.ms_call, r.gbs, r.membw, r.gbs / r.membw,
+                       r.us_tok);
+                fflush(stdout);
+            }
+        }
+    }
+    df_isa_set(df_isa_detect());
+    free(v);
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv) {
     int threads = 2;
     size_t mem_mib = 1024;
     int only_isa = -1;
-    bool membw_only = false;
+    bool membw_only = false, formats = false;
+    int ts[8] = {1}, nt = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mem-mib") && i + 1 < argc) mem_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = df_isa_from_name(argv[++i]);
         else if (!strcmp(argv[i], "--membw-only")) membw_only = true; /* interleaving with runs */
+        else if (!strcmp(argv[i], "--formats")) formats = true;
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc && (nt = parse_tokens(argv[++i], ts)) > 0) continue;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512] [--membw-only]\n",
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512] [--membw-only]\n"
+                    "       [--formats [--tokens T1,T2,...]]\n",
                     argv[0]);
             return 2;
         }
@@ -197,6 +334,13 @@ int main(int argc, char **argv) {
     printf("membw_1thread_gbs %.2f\n", bw1);
     printf("membw_gbs %.2f\n", bw);
     if (membw_only) {
+        free(buf);
+        df_pool_free(pool);
+        df_pool_free(pool1);
+        return 0;
+    }
+    if (formats) {
+        bench_formats(pool, buf, mem_mib, only_isa, ts, nt, threads);
         free(buf);
         df_pool_free(pool);
         df_pool_free(pool1);

@@ -67,7 +67,9 @@ void df_pool_for(df_pool *p, int n, int align,
  *      SIMD paths decode 16 values at a time in registers (bit operations
  *      for e4m3, a 16-entry table already multiplied by the group's scale for
  *      the 4-bit formats: a table entry is the same fl(decode(q) * scale));
- *      nothing is widened into a copy of the matrix.
+ *      nothing is widened into a copy of the matrix. A path may keep the 16
+ *      lanes in another order in its registers (the AVX-512 4-bit products
+ *      do) as long as each lane sums the same products in the same order.
  *   3. Hugging Face's path materialises BF16 weights first (the DeepSeek
  *      reference's weight_dequant and compressed-tensors' decompression
  *      produce bf16(decode(q) * scale), then a BF16 GEMM); deltafin keeps the

@@ -13,7 +13,11 @@
  *    compare per 32 values finds NaN codes, and only then are they blended in.
  *  - INT4 and E2M1: vpermps reads only 3 index bits, so the 16-entry table is
  *    two scaled 8-entry halves (nibbles 0-7 and 8-15) and the nibble's bit 3,
- *    shifted into the sign bit, picks one with vblendvps.
+ *    shifted into the sign bit, picks one with vblendvps. The products
+ *    (qstep4) keep the lanes in a permuted order so that one shift per 8
+ *    values extracts the nibbles, and decode INT4 without a table: (n ^ 8)
+ *    sign-extended is n - 8, converted exactly and multiplied by the scale,
+ *    the same fl((n - 8) * s) as the table entry.
  * The tail (K % 16 values) is decoded from a zeroed copy of its bytes and
  * masked to +0 past the row's end.
  *
@@ -42,10 +46,12 @@ typedef struct {
     __m256 a, b;
 } qstate;
 
-INL qstate make_state(int el, float s, int two) {
+INL qstate make_state(int el, float s, int two, int prod) {
     qstate q;
     __m256 sv = _mm256_set1_ps(s);
-    if (el == FP8) {
+    if (el == I4 && prod) {
+        q.a = q.b = sv; /* products convert the INT4 value and multiply (dec4p) */
+    } else if (el == FP8) {
         q.a = q.b = _mm256_set1_ps(two ? s : s * 0x1p120f);
     } else if (el == I4) {
         q.a = _mm256_mul_ps(_mm256_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f), sv);
@@ -82,7 +88,7 @@ INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanch
 }
 
 /* The state of each row for block column j; returns `two` (FP8 only). */
-INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, int j, int el, int RN) {
+INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, int j, int el, int RN, int prod) {
     float s[QMAX];
     int two = 0;
     #pragma GCC unroll 8
@@ -91,7 +97,7 @@ INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, i
         if (el == FP8) two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p120f);
     }
     #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) st[r] = make_state(el, s[r], two);
+    for (int r = 0; r < RN; r++) st[r] = make_state(el, s[r], two, prod);
     return two;
 }
 
@@ -113,16 +119,96 @@ INL int fp8_has_nan(const uint8_t *w, size_t rs, int k, int RN, int n) {
     return any;
 }
 
+/* ---- the 4-bit formats' products ------------------------------------------
+ * The two accumulators of an output hold the contract's lanes in the order
+ * of _mm256_unpacklo/hi_ps(x[0..7], x[8..15]): {0,8,1,9,4,12,5,13} and
+ * {2,10,3,11,6,14,7,15}. The chunk's 8 bytes, broadcast to the 4 qwords and
+ * shifted per qword, give exactly those nibbles in 8 dword lanes (qword
+ * shift 4n puts nibble n in the low bits of its low dword and n + 8 in those
+ * of its high dword; shift 28 - 4n puts them in the top bits), so a chunk
+ * costs one shift per 8 values before the lookup, and the activations one
+ * unpack per 8, shared by the rows. qtile puts the lanes back before the
+ * tree; each lane sums the same products in the same order. */
+
+/* The lanes (contract order) of the two accumulators, for tail masks. */
+INL __m256i sig_a(void) { return _mm256_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13); }
+INL __m256i sig_b(void) { return _mm256_setr_epi32(2, 10, 3, 11, 6, 14, 7, 15); }
+
+/* 8 weights of half h (0: sig_a lanes, 1: sig_b) of the chunk whose 8 bytes
+ * are broadcast in b. INT4: (n ^ 8) sign-extended from 4 bits is n - 8,
+ * converted exactly and multiplied by the scale: fl((n - 8) * s), the table's
+ * entry. E2M1: the two scaled 8-entry tables and bit 3, as dec8. */
+INL __m256 dec4p(int el, __m256i b, int h, qstate st) {
+    if (el == I4) {
+        __m256i sh = h ? _mm256_setr_epi64x(20, 16, 4, 0) : _mm256_setr_epi64x(28, 24, 12, 8);
+        __m256i t = _mm256_srai_epi32(_mm256_sllv_epi64(b, sh), 28);
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(t), st.a);
+    }
+    __m256i sh = h ? _mm256_setr_epi64x(8, 12, 24, 28) : _mm256_setr_epi64x(0, 4, 16, 20);
+    __m256i idx = _mm256_srlv_epi64(b, sh);
+    __m256 lo = _mm256_permutevar8x32_ps(st.a, idx), hi = _mm256_permutevar8x32_ps(st.b, idx);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* acc[r][t] += w(row r, chunk k) * x[t][chunk k] in the lane order above.
+ * tail: the rows and activations are zeroed copies, rem < 16 values real. */
+INL void qstep4(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
+                int k, int el, int RN, int RT, int tail, int rem) {
+    __m256 xa[QT], xb[QT], keep[2];
+    if (tail) {
+        keep[0] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), sig_a()));
+        keep[1] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), sig_b()));
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++) {
+        const float *xp = x + (size_t)t * ldx + k;
+        __m256 l = _mm256_loadu_ps(xp), h = _mm256_loadu_ps(xp + 8);
+        xa[t] = _mm256_unpacklo_ps(l, h);
+        xb[t] = _mm256_unpackhi_ps(l, h);
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        int64_t v;
+        memcpy(&v, w + r * rs + (k >> 1), 8);
+        __m256i b = _mm256_set1_epi64x(v);
+        if (el == I4) b = _mm256_xor_si256(b, _mm256_set1_epi8((char)0x88));
+        __m256 wa = dec4p(el, b, 0, st[r]), wb = dec4p(el, b, 1, st[r]);
+        if (tail) wa = _mm256_and_ps(wa, keep[0]), wb = _mm256_and_ps(wb, keep[1]);
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) {
+            acc[r][t][0] = _mm256_fmadd_ps(wa, xa[t], acc[r][t][0]);
+            acc[r][t][1] = _mm256_fmadd_ps(wb, xb[t], acc[r][t][1]);
+        }
+    }
+}
+
 /* acc[r][t] += w(row r, 16 values at k) * x[t][k..k+15]. tail: the rows are
  * zeroed copies and only rem < 16 values are real. */
 INL void qstep(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
                int k, int el, int RN, int RT, int two, int nanchk, int tail, int rem) {
+    if (el != FP8) {
+        qstep4(acc, x, ldx, w, rs, st, k, el, RN, RT, tail, rem);
+        return;
+    }
     __m256 wv[QMAX][2];
     __m256 keep[2];
     if (tail) {
         __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         keep[0] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane));
         keep[1] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem - 8), lane));
+    }
+    if (RT == 1 && !tail) {
+        /* one weight vector live at a time: the 4-row group's 8 accumulators
+         * and states then fit the 16 registers (decoding all 8 weights
+         * first spilled the accumulators) */
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256 xv = _mm256_loadu_ps(x + k + 8 * h);
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++)
+                acc[r][0][h] = _mm256_fmadd_ps(dec8(el, w + r * rs, k + 8 * h, st[r], two, nanchk), xv, acc[r][0][h]);
+        }
+        return;
     }
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++)
@@ -168,7 +254,10 @@ INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
     if (el == FP8) {
         for (; k + 32 <= ke; k += 32) {
             int nan = fp8_has_nan(w, rs, k, RN, 32);
+            /* as in scaled_avx512.c: no loads hoisted above the test */
+            __asm__ volatile("" ::: "memory");
             if (__builtin_expect(!nan, 1)) {
+                __asm__ volatile("" ::: "memory");
                 qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 0, 16);
                 qstep(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, two, 0, 0, 16);
             } else {
@@ -213,13 +302,20 @@ INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, siz
                 for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
         }
         qstate st[QMAX];
-        if (block_state(st, srow, sct, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
+        if (block_state(st, srow, sct, j, el, RN, 1)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
         else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0);
     }
     #pragma GCC unroll 8
     for (int t = 0; t < RT; t++)
         #pragma GCC unroll 8
-        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum2x8(acc[r][t][0], acc[r][t][1]);
+        for (int r = 0; r < RN; r++) {
+            __m256 a = acc[r][t][0], b = acc[r][t][1];
+            if (el != FP8) { /* back to lanes 0-7 and 8-15 (qstep4) */
+                a = _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(2, 0, 2, 0));
+                b = _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(3, 1, 3, 1));
+            }
+            y[(size_t)t * ldy + r] = hsum2x8(a, b);
+        }
 }
 
 _Static_assert(QT == 2, "qstrip() has a case for each leftover count 1..QT-1");
@@ -294,7 +390,7 @@ INL void qdecode(float *dst, const df_wview *v, int r0, int n, int el) {
         for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
             int ke = K - kb < bc ? K : kb + bc, k = kb;
             qstate st;
-            int two = block_state(&st, &srow, v->fmt.scale, j, el, 1);
+            int two = block_state(&st, &srow, v->fmt.scale, j, el, 1, 0);
             for (; k + 8 <= ke; k += 8) _mm256_storeu_ps(d + k, dec8(el, row, k, st, two, 1));
             if (k < ke) {
                 /* k is a multiple of 8: the bytes of 8 values from a zeroed copy */

@@ -23,12 +23,19 @@
  *    NaN into its lanes.
  *  - INT4 and E2M1: a 16-entry table of decode(q), multiplied by the group's
  *    scale once per group (each entry is then fl(decode(q) * scale)), looked up
- *    with vpermps, which reads the low 4 bits of each index lane: 8 bytes
- *    zero-extended to 8 qwords, OR'ed with themselves shifted left by 28,
- *    put byte i's low nibble in lane 2i and its high nibble in lane 2i+1.
+ *    with vpermps, which reads the low 4 bits of each index lane. Products
+ *    (qtile4) put the 16 nibbles of a chunk into index lanes with one shift of
+ *    the broadcast 8 bytes, which yields them in the lane order sig (see
+ *    there); the activations are permuted to match and the accumulators put
+ *    back before the tree. The group scales are widened 16 at a time into a
+ *    small buffer and broadcast from it. The row decoding (qdecode) keeps the
+ *    natural order: 8 bytes zero-extended to 8 qwords, OR'ed with themselves
+ *    shifted left by 28, put byte i's low nibble in lane 2i and its high
+ *    nibble in lane 2i+1.
  *
  * Tiles as in matmul_avx512.c: T == 1 does 4 rows at once with a software
- * prefetch of the next group; T > 1 a 4-row x 4-token tile (16 accumulators,
+ * prefetch of the next group (values, and for the 4-bit formats the scale
+ * rows, a separate stream); T > 1 a 4-row x 4-token tile (16 accumulators,
  * 4 tables or scales, 4 weights: fits the 32 registers).
  */
 #include "kernels/scaled.h"
@@ -115,6 +122,16 @@ INL void qstep(__m512 acc[QN][QT], const float *x, int ldx, const uint8_t *w, si
     }
 }
 
+/* The NaN codes (0x7f, 0xff) among the 64 bytes at p. The load is in the asm
+ * so that the compiler cannot reuse it for the decoding: it would extract
+ * the 16-byte quarters through the stack instead of loading each with the
+ * widening vpmovsxbd (measured 2x slower). */
+INL __mmask64 nan_codes64(const uint8_t *p) {
+    __m512i b;
+    __asm__("vpord %1, %2, %0" : "=v"(b) : "m"(*(const uint8_t(*)[64])p), "v"(_mm512_set1_epi8((char)0x80)));
+    return _mm512_cmpeq_epi8_mask(b, _mm512_set1_epi8(-1));
+}
+
 /* Columns [kb, ke) of one scale block. */
 INL void qblock(__m512 acc[QN][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
                 int kb, int ke, int el, int RN, int RT, int two) {
@@ -124,12 +141,12 @@ INL void qblock(__m512 acc[QN][QT], const float *x, int ldx, const uint8_t *w, s
         for (; k + 64 <= ke; k += 64) {
             __mmask64 nan = 0;
             #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) {
-                __m512i b = _mm512_loadu_si512(w + r * rs + k);
-                nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(b, _mm512_set1_epi8((char)0x80)),
-                                              _mm512_set1_epi8(-1));
-            }
+            for (int r = 0; r < RN; r++) nan |= nan_codes64(w + r * rs + k);
+            /* the barrier keeps the compiler from loading both branches'
+             * bytes above the test (16 live values, spilled to the stack) */
+            __asm__ volatile("" ::: "memory");
             if (__builtin_expect(nan == 0, 1)) {
+                __asm__ volatile("" ::: "memory");
                 #pragma GCC unroll 4
                 for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 0, 0, 16);
             } else {
@@ -151,9 +168,10 @@ INL float hsum16(__m512 v) {
     return _mm_cvtss_f32(d);
 }
 
-/* y[t][r] for RN rows at w (stride rs bytes; scale rows srow), RT tokens. */
-INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
-               const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int RT, int pf) {
+/* y[t][r] for RN rows at w (stride rs bytes; scale rows srow), RT tokens: FP8. */
+INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+                const uint8_t *const *srow, int K, int bc, int RN, int RT, int pf) {
+    const int el = FP8;
     __m512 acc[QN][QT];
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++)
@@ -163,13 +181,12 @@ INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, siz
         int ke = K - kb < bc ? K : kb + bc;
         if (pf) {
             /* each 64-byte line of this block, once, in the row group pf bytes on */
-            int b0 = el == FP8 ? kb : kb >> 1, b1 = el == FP8 ? ke : (ke + 1) >> 1;
-            for (int o = (b0 + 63) & ~63; o < b1; o += 64)
+            for (int o = (kb + 63) & ~63; o < ke; o += 64)
                 #pragma GCC unroll 8
                 for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
         }
         __m512 st[QN];
-        if (block_state(st, srow, sct, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
+        if (block_state(st, srow, DF_SC_F32, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
         else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0);
     }
     #pragma GCC unroll 8
@@ -178,18 +195,143 @@ INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, siz
         for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum16(acc[r][t]);
 }
 
+/* ---- the 4-bit formats' products -------------------------------------------
+ * Accumulator lane i holds the contract's lane sig(i) = i/2 + 8 * (i & 1):
+ * the 8 bytes of a chunk broadcast to every qword and shifted right by 4q in
+ * qword q put nibble q in the low bits of dword 2q and nibble q + 8 in those
+ * of dword 2q + 1, so one shift and one vpermps decode 16 values. The
+ * activations are permuted the same way (one vpermps per chunk and token,
+ * shared by the tile's rows) and the lanes put back in contract order before
+ * the tree. Each lane still sums the same products in the same order. */
+
+INL __m512i sig_fwd(void) { return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15); }
+INL __m512i sig_inv(void) { return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15); }
+
+/* The lanes (in sig order) of the first rem values of a chunk. */
+INL __mmask16 sig_mask(int rem) {
+    unsigned m = 0;
+    for (int q = 0; q < 8; q++) m |= (unsigned)(q < rem) << (2 * q) | (unsigned)(q + 8 < rem) << (2 * q + 1);
+    return (__mmask16)m;
+}
+
+/* 16 weights in sig order from the 8 bytes at p (tail: only rem < 16 values
+ * are there; the other lanes are +0). */
+INL __m512 dec4(const uint8_t *p, __m512 tab, int tail, int rem) {
+    __m512i b;
+    if (tail) {
+        b = _mm512_broadcastq_epi64(_mm_maskz_loadu_epi8((__mmask16)((1u << ((rem + 1) >> 1)) - 1), p));
+    } else {
+        int64_t v;
+        memcpy(&v, p, 8);
+        b = _mm512_set1_epi64(v);
+    }
+    __m512i idx = _mm512_srlv_epi64(b, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28));
+    __m512 w = _mm512_permutexvar_ps(idx, tab);
+    return tail ? _mm512_maskz_mov_ps(sig_mask(rem), w) : w;
+}
+
+/* Scales j0 .. j0 + 15 (those below gc) of each row, widened exactly to F32
+ * (BF16: shifted; E8M0: df_e8m0_bits), for broadcasts from memory. */
+INL void load_scales(float sb[QN][16], const uint8_t *const *srow, int el, int j0, int gc, int RN) {
+    int n = gc - j0 < 16 ? gc - j0 : 16;
+    __mmask16 m = (__mmask16)((1u << n) - 1);
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        __m512i v;
+        if (el == I4) {
+            v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, srow[r] + 2 * (size_t)j0)), 16);
+        } else {
+            __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, srow[r] + j0));
+            v = _mm512_slli_epi32(e, 23);
+            v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                      _mm512_set1_epi32(0x00400000));
+            v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                                      _mm512_set1_epi32(0x7fc00000));
+        }
+        _mm512_store_si512(sb[r], v);
+    }
+}
+
+/* acc[r][t] += w(row r, chunk k) * x[t][chunk k], all in sig order */
+INL void qstep4(__m512 acc[QN][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *tab,
+                int k, int RN, int RT, int tail, int rem) {
+    __m512 wv[QN];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) wv[r] = dec4(w + r * rs + (k >> 1), tab[r], tail, rem);
+    __mmask16 m = tail ? (__mmask16)((1u << rem) - 1) : (__mmask16)0xffff;
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++) {
+        const float *xp = x + (size_t)t * ldx + k;
+        __m512 xv = _mm512_permutexvar_ps(sig_fwd(), tail ? _mm512_maskz_loadu_ps(m, xp) : _mm512_loadu_ps(xp));
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+}
+
+/* As qtile8 for I4 and E2M1; bc is a constant (32) or 0 (read bcv). */
+INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+                const uint8_t *const *srow, int K, int bc, int bcv, int el, int RN, int RT, int pf,
+                const uint8_t *const *spf) {
+    if (!bc) bc = bcv;
+    __m512 acc[QN][QT];
+    _Alignas(64) float sb[QN][16];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) acc[r][t] = _mm512_setzero_ps();
+    const int gc = (K + bc - 1) / bc;
+    for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
+        int ke = K - kb < bc ? K : kb + bc;
+        if ((j & 15) == 0) {
+            load_scales(sb, srow, el, j, gc, RN);
+            if (pf) {
+                /* the lines of these 16 blocks, in the row group pf bytes on */
+                int b0 = kb >> 1, b1 = (K - kb < 16 * bc ? K + 1 : kb + 16 * bc) >> 1;
+                for (int o = (b0 + 63) & ~63; o < b1; o += 64)
+                    #pragma GCC unroll 8
+                    for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
+                /* and their scales: the scale rows are separate streams that
+                 * the values' prefetch does not cover (without it the demand
+                 * misses on them cost INT4 a third of its speed in RAM) */
+                #pragma GCC unroll 8
+                for (int r = 0; r < RN; r++)
+                    _mm_prefetch((const char *)spf[r] + (size_t)j * (el == I4 ? 2 : 1), _MM_HINT_T1);
+            }
+        }
+        __m512 tab[QN];
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) tab[r] = _mm512_mul_ps(base_table(el), _mm512_set1_ps(sb[r][j & 15]));
+        int k = kb;
+        for (; k + 16 <= ke; k += 16) qstep4(acc, x, ldx, w, rs, tab, k, RN, RT, 0, 16);
+        if (k < ke) qstep4(acc, x, ldx, w, rs, tab, k, RN, RT, 1, ke - k);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum16(_mm512_permutexvar_ps(sig_inv(), acc[r][t]));
+}
+
+/* spf: where to prefetch each row's scales (with pf; 4-bit formats only) */
+INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+               const uint8_t *const *srow, int K, int bc, int el, int RN, int RT, int pf,
+               const uint8_t *const *spf) {
+    if (el == FP8) qtile8(y, ldy, x, ldx, w, rs, srow, K, bc, RN, RT, pf);
+    else if (bc == 32) qtile4(y, ldy, x, ldx, w, rs, srow, K, 32, bc, el, RN, RT, pf, spf);
+    else qtile4(y, ldy, x, ldx, w, rs, srow, K, 0, bc, el, RN, RT, pf, spf);
+}
+
 /* RN rows for nt tokens: full QT-token tiles, then one tile for the rest. */
 _Static_assert(QT == 4, "qstrip() has a case for each leftover count 1..QT-1");
 INL void qstrip(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
-                const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int nt) {
+                const uint8_t *const *srow, int K, int bc, int el, int RN, int nt) {
     int t = 0, tf = nt - nt % QT;
-    for (; t < tf; t += QT) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0);
+    for (; t < tf; t += QT) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, K, bc, el, RN, QT, 0, NULL);
     float *yt = y + (size_t)t * ldy;
     const float *xt = x + (size_t)t * ldx;
     switch (nt - tf) {
-    case 3: qtile(yt, ldy, xt, ldx, w, rs, srow, sct, K, bc, el, RN, 3, 0); break;
-    case 2: qtile(yt, ldy, xt, ldx, w, rs, srow, sct, K, bc, el, RN, 2, 0); break;
-    case 1: qtile(yt, ldy, xt, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0); break;
+    case 3: qtile(yt, ldy, xt, ldx, w, rs, srow, K, bc, el, RN, 3, 0, NULL); break;
+    case 2: qtile(yt, ldy, xt, ldx, w, rs, srow, K, bc, el, RN, 2, 0, NULL); break;
+    case 1: qtile(yt, ldy, xt, ldx, w, rs, srow, K, bc, el, RN, 1, 0, NULL); break;
     default: break;
     }
 }
@@ -198,19 +340,24 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
     const uint8_t *w = v->data;
     const int K = v->cols, bc = v->fmt.block_cols;
     const size_t rs = df_wfmt_row_bytes(v->fmt, K);
-    const df_scale_type sct = v->fmt.scale;
     const uint8_t *sr[QN];
     if (T == 1) {
         /* prefetch: see matmul_avx512.c */
-        int pf = QN * rs <= (32u << 10) ? (int)(QN * rs) : 2048;
+        int next = QN * rs <= (32u << 10), pf = next ? (int)(QN * rs) : 2048;
+        /* the scales pf bytes of values on: the next group's rows, or further in the row */
+        size_t spo = el == FP8 ? 0 : (size_t)(2 * pf / bc) * (el == I4 ? 2 : 1);
+        const uint8_t *spf[QN];
         int n = n0;
         for (; n + QN <= n1; n += QN) {
-            for (int r = 0; r < QN; r++) sr[r] = df_scale_row(v, n + r);
-            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, QN, 1, pf);
+            for (int r = 0; r < QN; r++) {
+                sr[r] = df_scale_row(v, n + r);
+                spf[r] = next ? df_scale_row(v, n + QN + r < n1 ? n + QN + r : n1 - 1) : sr[r] + spo;
+            }
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, K, bc, el, QN, 1, pf, spf);
         }
         for (; n < n1; n++) {
             sr[0] = df_scale_row(v, n);
-            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, K, bc, el, 1, 1, 0, NULL);
         }
         return;
     }
@@ -224,11 +371,11 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
         int n = n0;
         for (; n + QN <= n1; n += QN) {
             for (int r = 0; r < QN; r++) sr[r] = df_scale_row(v, n + r);
-            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, sct, K, bc, el, QN, nt);
+            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, K, bc, el, QN, nt);
         }
         for (; n < n1; n++) {
             sr[0] = df_scale_row(v, n);
-            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, nt);
+            qstrip(yb + n, ldy, xb, ldx, w + n * rs, rs, sr, K, bc, el, 1, nt);
         }
     }
 }
