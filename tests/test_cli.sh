@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_cli.sh ENGINE - the command line as a user meets it: --help everywhere,
 # tokenize round trips, and bad input (missing, truncated, hostile or
-# inconsistent checkpoints, bad options) giving a one-line error that names the
+# inconsistent checkpoints, bad options; weights as shipped with bad companion
+# tensors or quantization_config) giving a one-line error that names the
 # file or field, exit code 2, and no crash. Ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
@@ -589,5 +590,79 @@ for m in "$KW"; do # (the DeepSeek models: reference-deepseek --determinism --ba
         || bad "logits-batch-$(basename "$m")" "$(tail -2 "$T/err")"
 done
 expect_error kimi-logits-out-of-vocab "outside the vocabulary" "$ENG" logits --model "$KW" --tokens 1,1024 --out "$T/la"
+
+# ---- weights as shipped (issue 22): companion tensors and quantization_config
+# st_edit DIR OP...: tensors rewritten in place (tests/st_edit.py)
+st_edit() { $PY tests/st_edit.py "$@"; }
+FP8=$MODELS/engine-fp8-ds; INT4=$MODELS/engine-int4-kimi; MIX=$MODELS/engine-mixed-kimi
+X=model.layers; F1=model-00001-of-00005.safetensors
+# q_bad NAME MODEL PATTERN OP...: the model with its tensors edited is refused by inspect
+q_bad() { local n=$1 m=$2 pat=$3; shift 3; copy_of "$m"; st_edit "$T/m" "$@"
+    expect_error "q-$n" "$pat" "$ENG" inspect --model "$T/m"; }
+# scale grids of the wrong shape (a dense weight and a routed expert, each format)
+q_bad fp8-grid "$FP8" "/$F1: tensor '$X.0.self_attn.o_proj.weight_scale_inv' has shape \[2,2\] but one scale per 128x128 block of the weight's shape gives \[2,1\]" \
+    shape=$X.0.self_attn.o_proj.weight_scale_inv:2,2
+q_bad fp8-expert-grid "$FP8" "tensor '$X.1.mlp.experts.3.down_proj.weight_scale_inv' has shape \[1,1\] but one scale per 128x128 block of the weight's shape gives \[2,1\]" \
+    shape=$X.1.mlp.experts.3.down_proj.weight_scale_inv:1,1
+q_bad int4-grid "$MIX" "tensor '$X.0.self_attn.q_b_proj.weight_scale' has shape \[96,2\] but one scale per 32 values of the weight's shape gives \[96,1\]" \
+    shape=$X.0.self_attn.q_b_proj.weight_scale:96,2
+q_bad int4-expert-grid "$INT4" "tensor '$X.1.mlp.experts.3.down_proj.weight_scale' has shape \[64,2\] but one scale per 32 values of the weight's shape gives \[64,1\]" \
+    shape=$X.1.mlp.experts.3.down_proj.weight_scale:64,2
+q_bad mxfp4-expert-grid "$MIX" "tensor '$X.1.mlp.experts.0.gate_proj.weight_scale' has shape \[32,1\] but one scale per 32 values of the weight's shape gives \[32,2\]" \
+    shape=$X.1.mlp.experts.0.gate_proj.weight_scale:32,1
+# packed widths that disagree with weight_shape
+q_bad int4-weight-shape "$MIX" "tensor '$X.0.self_attn.o_proj.weight_shape' holds \[64,32\] but the weight is \[64,64\]" \
+    vals=$X.0.self_attn.o_proj.weight_shape:64,32
+q_bad int4-expert-weight-shape "$INT4" "tensor '$X.1.mlp.experts.3.down_proj.weight_shape' holds \[64,64\] but the weight is \[64,32\]" \
+    vals=$X.1.mlp.experts.3.down_proj.weight_shape:64,64
+q_bad int4-packed-width "$INT4" "tensor '$X.2.mlp.experts.1.up_proj.weight_packed' has shape \[32,4\] but eight values per word of the weight's shape gives \[32,8\]" \
+    shape=$X.2.mlp.experts.1.up_proj.weight_packed:32,4
+q_bad mxfp4-packed-width "$MIX" "tensor '$X.1.mlp.experts.4.down_proj.weight_packed' has shape \[64,8\] but two values per byte of the weight's shape gives \[64,16\]" \
+    shape=$X.1.mlp.experts.4.down_proj.weight_packed:64,8
+# NaN scales in always-active weights: refused at load (F32 NaN, BF16 NaN)
+q_bad fp8-nan-scale "$FP8" "/$F1: tensor '$X.0.self_attn.o_proj.weight_scale_inv': scale 1 is not finite" \
+    set=$X.0.self_attn.o_proj.weight_scale_inv:1:7fc00000
+q_bad int4-nan-scale "$MIX" "tensor '$X.0.self_attn.q_b_proj.weight_scale': scale 5 is not finite" \
+    set=$X.0.self_attn.q_b_proj.weight_scale:5:7fc0
+# a format named in the config, its tensors missing
+q_bad fp8-no-scale "$FP8" "/model.safetensors.index.json: tensor '$X.0.mlp.up_proj.weight_scale_inv' is missing from the checkpoint" \
+    drop=$X.0.mlp.up_proj.weight_scale_inv
+q_bad int4-no-weight-shape "$INT4" "tensor '$X.1.mlp.experts.5.gate_proj.weight_shape' is missing from the checkpoint \(pack-quantized" \
+    drop=$X.1.mlp.experts.5.gate_proj.weight_shape
+q_bad mxfp4-no-packed "$MIX" "tensor '$X.2.mlp.experts.5.down_proj.weight_packed' is missing from the checkpoint" \
+    drop=$X.2.mlp.experts.5.down_proj.weight_packed
+# tensors the config does not name: a scale beside a BF16 weight; an F8 weight of a
+# module the config keeps in BF16; a packed weight of an ignored module
+q_bad stray-scale "$INT4" "tensor '$X.0.self_attn.o_proj.weight_scale' is there but quantization_config gives module '$X.0.self_attn.o_proj' the format bf16" \
+    add=$X.0.self_attn.o_proj.weight_scale:BF16:64,2
+copy_of "$FP8"; set_cfg "$T/m/config.json" "quantization_config.modules_to_not_convert=[\"$X.1.self_attn.q_a_proj\"]"
+expect_error q-fp8-not-converted "tensor '$X.1.self_attn.q_a_proj.weight' is F8_E4M3 but the checkpoint's quantization_config does not give module" \
+    "$ENG" inspect --model "$T/m"
+copy_of "$MIX"; set_cfg "$T/m/config.json" "quantization_config.ignore=[\"re:.*lm_head.*\", \"$X.0.self_attn.o_proj\"]"
+expect_error q-ignored-packed "tensor '$X.0.self_attn.o_proj.weight_packed' is packed but the checkpoint's quantization_config gives module '$X.0.self_attn.o_proj' no packed format" \
+    "$ENG" run --model "$T/m" --prompt-tokens 1 --max-new 1
+# unsupported quantization_config: the field; two groups targeting one module: both named
+copy_of "$INT4"; set_cfg "$T/m/config.json" quantization_config.config_groups.group_0.weights.num_bits=8
+expect_error q-num-bits "/config.json: field 'quantization_config.config_groups.group_0.weights.num_bits' must be 4" \
+    "$ENG" inspect --model "$T/m"
+copy_of "$FP8"; set_cfg "$T/m/config.json" 'quantization_config.activation_scheme="static"'
+expect_error q-static "/config.json: field 'quantization_config.activation_scheme' must be \"dynamic\"" \
+    "$ENG" run --model "$T/m" --prompt-tokens 1 --max-new 1
+copy_of "$MIX"; set_cfg "$T/m/config.json" 'quantization_config.config_groups.group_1.targets=["Linear"]'
+expect_error q-two-groups "module '$X.1.mlp.experts.0.gate_proj' is targeted by config groups 'group_0' and 'group_1'" \
+    "$ENG" inspect --model "$T/m"
+# NaN scales in routed experts are not read at load: the pack writer refuses them as it
+# copies the expert (E8M0 0xFF, BF16 and F32 infinities), and resident experts are
+# scanned once at open (inspect reads no expert)
+q_nan_expert() { # NAME MODEL TENSOR INDEX HEX
+    local msg="tensor '$3': scale $4 is (the E8M0 NaN code 0xFF|not finite)"
+    copy_of "$2"; st_edit "$T/m" "set=$3:$4:$5"
+    expect_error "q-pack-$1" "^deltafin pack: .*$msg" "$ENG" pack --model "$T/m" --out "$T/p-$1"
+    expect_error "q-resident-$1" "^deltafin: .*$msg" "$ENG" run --model "$T/m" --prompt-tokens 1,2 --max-new 1
+    "$ENG" inspect --model "$T/m" >/dev/null 2>&1 && ok "q-inspect-$1" || bad "q-inspect-$1" "inspect read the expert scales"
+}
+q_nan_expert mxfp4 "$MIX" $X.1.mlp.experts.2.up_proj.weight_scale 5 ff
+q_nan_expert int4 "$INT4" $X.2.mlp.experts.7.down_proj.weight_scale 3 7f80
+q_nan_expert fp8 "$FP8" $X.2.mlp.experts.15.up_proj.weight_scale_inv 1 ff800000
 
 finish

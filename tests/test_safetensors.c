@@ -574,6 +574,41 @@ static void test_sharded_truncated_shard(void **state) {
     rm_tmpdir(dir);
 }
 
+/* A df_st over tensors parsed from memory (what the fuzzer binds weights in):
+ * names found, the file named as given, no descriptor; a name twice refused. */
+static void test_from_tensors(void **state) {
+    (void)state;
+    const char *h = "{\"b.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[12,28]},"
+                    "\"a.weight\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]}}";
+    size_t len, n;
+    uint8_t *b = build_st(h, 28, UINT64_MAX, &len);
+    df_tensor *t;
+    df_error err = {0};
+    assert_int_equal(df_st_parse(b, len, "mem", &t, &n, &err), DF_OK);
+    df_st *st;
+    assert_int_equal(df_st_from_tensors(&st, t, n, "mem", &err), DF_OK);
+    assert_int_equal(df_st_count(st), 2);
+    const df_tensor *a = df_st_find(st, "a.weight");
+    assert_non_null(a);
+    assert_int_equal(a->nbytes, 12);
+    assert_ptr_equal(a->data, b + 8 + strlen(h));
+    assert_non_null(df_st_find(st, "b.weight"));
+    assert_null(df_st_find(st, "c.weight"));
+    assert_string_equal(df_st_file_path(st, a->file), "mem");
+    assert_string_equal(df_st_where(st), "mem");
+    assert_int_equal(df_st_file_fd(st, 0), -1);
+    df_st_close(st);
+    /* the same name twice (a parser never gives that; the view still refuses it) */
+    df_tensor *d = calloc(2, sizeof *d);
+    assert_non_null(d);
+    d[0].name = strdup("x.weight");
+    d[1].name = strdup("x.weight");
+    assert_int_equal(df_st_from_tensors(&st, d, 2, "mem", &err), DF_ERR_FORMAT);
+    assert_null(st);
+    assert_non_null(strstr(err.msg, "tensor 'x.weight'"));
+    free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_valid),
@@ -590,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_entry_structure),
         cmocka_unit_test(test_long_name_message),
         cmocka_unit_test(test_many_tensors),
+        cmocka_unit_test(test_from_tensors),
         cmocka_unit_test(test_open_single),
         cmocka_unit_test(test_open_missing),
         cmocka_unit_test(test_open_truncated),

@@ -100,6 +100,13 @@ static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engi
             return rc;
         }
     }
+    /* resident experts are all read from the mapping anyway: their scales are
+     * checked once here (streamed ones where the pack writer copies them) */
+    if (!e->store && !opts->describe_only && c->num_experts > 0 &&
+        (rc = df_expert_check_all_scales(&e->model.experts, e->model.st, err))) {
+        df_engine_free_replay(e);
+        return rc;
+    }
     if (!e->store && !opts->describe_only) df_engine_resident_weights(&e->model);
     if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
     return DF_OK;

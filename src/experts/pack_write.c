@@ -183,10 +183,14 @@ static int checkpoint(writer *w, int done, df_error *err) {
     return DF_OK;
 }
 
-/* Reads record i of the plan from the checkpoint into buf (padded with zeros). */
+/* Reads record i of the plan from the checkpoint into buf (padded with zeros)
+ * and checks its scales: a pack is where a streamed expert's bytes are all
+ * read, so a NaN scale is refused here rather than met mid-generation. */
 static int read_source(writer *w, int i, uint8_t *buf, df_error *err) {
     const df_pack_record *r = &w->pl.rec[i];
+    const void *part_data[DF_EXPERT_MAX_PARTS];
     for (int k = 0; k < r->n_parts; k++) {
+        part_data[k] = buf + r->part[k].offset;
         const df_tensor *t = w->pl.src[(size_t)i * (size_t)r->n_parts + (size_t)k];
         int fd = df_st_file_fd(w->src.st, t->file);
         ssize_t got = df_pread_full(fd, buf + r->part[k].offset, (size_t)t->nbytes, t->file_offset);
@@ -196,7 +200,7 @@ static int read_source(writer *w, int i, uint8_t *buf, df_error *err) {
         posix_fadvise(fd, (off_t)t->file_offset, (off_t)t->nbytes, POSIX_FADV_DONTNEED);
     }
     memset(buf + r->length, 0, (size_t)(r->padded - r->length));
-    return DF_OK;
+    return df_expert_check_scales(&w->src.inv, w->src.st, r->layer, r->expert, part_data, err);
 }
 
 /* Whether record i as written in the partial files matches the journal. */

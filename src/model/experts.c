@@ -108,6 +108,31 @@ uint64_t df_expert_bytes(const df_expert_inventory *inv, int layer, int e) {
     return b;
 }
 
+int df_expert_check_scales(const df_expert_inventory *inv, const df_st *st, int layer, int e,
+                           const void *const *part_data, df_error *err) {
+    const df_expert_layout *xl = inv->layout;
+    for (int k = 0; k < DF_EXPERT_MATS; k++) {
+        int p = xl->mat[k].scale;
+        if (p < 0) continue;
+        int rc = df_quant_check_scales(st, df_expert_part(inv, layer, e, p), xl->fmt[k], part_data[p], err);
+        if (rc) return rc;
+    }
+    return DF_OK;
+}
+
+int df_expert_check_all_scales(const df_expert_inventory *inv, const df_st *st, df_error *err) {
+    if (!inv->layout || !inv->xt) return DF_OK;
+    const void *data[DF_EXPERT_MAX_PARTS];
+    for (int li = 0; li < inv->n_layers; li++)
+        for (int e = 0; e < inv->n_experts; e++) {
+            if (!df_expert_part(inv, li, e, 0)) break; /* a layer without routed experts */
+            for (int p = 0; p < inv->layout->n_parts; p++) data[p] = df_expert_part(inv, li, e, p)->data;
+            int rc = df_expert_check_scales(inv, st, li, e, data, err);
+            if (rc) return rc;
+        }
+    return DF_OK;
+}
+
 void df_expert_bind(const df_expert_inventory *inv, int layer, int e, const void *const *part_data,
                     df_expert_w *out) {
     const df_expert_layout *xl = inv->layout;

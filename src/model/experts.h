@@ -64,6 +64,14 @@ static inline const df_tensor *df_expert_part(const df_expert_inventory *inv, in
     return inv->xt[((size_t)layer * (size_t)inv->n_experts + (size_t)e) * (size_t)inv->layout->n_parts +
                    (size_t)part];
 }
+/* Scans the scales of expert (layer, e), whose part p lies at part_data[p]
+ * (df_quant_check_scales: NaN, or not finite and positive): where its bytes
+ * are read anyway (the pack writer; the resident source at open), since the
+ * loader does not read every expert. The error names the tensor. */
+int df_expert_check_scales(const df_expert_inventory *inv, const df_st *st, int layer, int e,
+                           const void *const *part_data, df_error *err);
+/* Every routed expert's scales, in place (resident experts). */
+int df_expert_check_all_scales(const df_expert_inventory *inv, const df_st *st, df_error *err);
 /* Bytes of one expert's parts as stored. */
 uint64_t df_expert_bytes(const df_expert_inventory *inv, int layer, int e);
 

@@ -346,6 +346,25 @@ void df_st_close(df_st *st) {
     free(st);
 }
 
+int df_st_from_tensors(df_st **out, df_tensor *t, size_t n, const char *what, df_error *err) {
+    *out = NULL;
+    df_st *st = df_xcalloc(1, sizeof *st);
+    st->files = df_xcalloc(1, sizeof *st->files);
+    st->n_files = 1;
+    st->files[0] = (st_file){.path = df_xstrdup(what), .fd = -1};
+    st->where = df_xstrdup(what);
+    st->t = t;
+    st->n = n;
+    for (size_t i = 0; i < n; i++) t[i].file = 0;
+    int rc = build_index(st, err);
+    if (rc) {
+        df_st_close(st);
+        return rc;
+    }
+    *out = st;
+    return DF_OK;
+}
+
 /* Maps one file and appends its tensors. The file is added to st->files before
  * anything can fail so that df_st_close releases it. */
 static int open_one(df_st *st, const char *path, df_tensor **got, size_t *n_got, df_error *err) {

@@ -40,6 +40,11 @@ typedef struct df_st df_st;
  * names; tensor names unique across shards). */
 int df_st_open_dir(df_st **out, const char *dir, df_error *err);
 void df_st_close(df_st *st);
+/* A df_st over tensors parsed from memory (df_st_parse), named `what` in
+ * errors and owned by it from now on, even on failure: what the fuzzer hands
+ * df_quant_bind. No descriptors (df_st_file_fd is -1). Fails on a name
+ * present twice. */
+int df_st_from_tensors(df_st **out, df_tensor *t, size_t n, const char *what, df_error *err);
 size_t df_st_count(const df_st *st);
 const df_tensor *df_st_at(const df_st *st, size_t i);
 const df_tensor *df_st_find(const df_st *st, const char *name);

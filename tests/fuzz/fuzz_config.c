@@ -1,6 +1,8 @@
 /*
  * fuzz_config.c - libFuzzer target for config.json and generation_config.json
- * parsing (Qwen3, the DeepSeek-V3 family, text_config wrappers). The input is parsed as config.json; if it parses, the result must
+ * parsing (Qwen3, the DeepSeek-V3 family, text_config wrappers, and the
+ * quantization_config of weights as shipped: model/quant.c, reached through
+ * df_config_parse). The input is parsed as config.json; if it parses, the result must
  * satisfy the invariants the engine relies on, and the same text is then
  * applied as a generation_config.json. It is also applied as a generation
  * config to a fixed valid config.
@@ -45,6 +47,14 @@ static const char *const DICT[] = {
     "\"moe_layer_freq\"", "\"routed_scaling_factor\"", "\"scoring_func\"", "\"sigmoid\"", "\"softmax\"",
     "\"topk_method\"", "\"greedy\"", "\"group_limited_greedy\"", "\"noaux_tc\"", "\"n_group\"",
     "\"topk_group\"", "\"num_nextn_predict_layers\"", "null",
+    /* quantization_config (model/quant.c): fp8 and compressed-tensors */
+    "\"quantization_config\"", "\"quant_method\"", "\"fp8\"", "\"compressed-tensors\"", "\"fmt\"", "\"e4m3\"",
+    "\"weight_block_size\"", "[128,128]", "\"activation_scheme\"", "\"static\"", "\"scale_fmt\"", "\"ue8m0\"",
+    "\"modules_to_not_convert\"", "\"ignored_layers\"", "\"format\"", "\"pack-quantized\"",
+    "\"mxfp4-pack-quantized\"", "\"mixed-precision\"", "\"config_groups\"", "\"targets\"", "\"Linear\"",
+    "\"weights\"", "\"num_bits\"", "\"group_size\"", "\"strategy\"", "\"group\"", "\"symmetric\"", "\"int\"",
+    "\"float\"", "\"ignore\"", "\"re:.*\"", "\"re:(\"", "\"input_activations\"", "\"quantization_status\"",
+    "\"compressed\"", "\"kv_cache_scheme\"", "\"scale_dtype\"", "\"torch.uint8\"", "\"actorder\"", "\"zp_dtype\"",
 };
 
 const char *const *df_fuzz_dict(size_t *n) {
@@ -81,7 +91,8 @@ static void check(const df_config *c) {
         !(c->rms_norm_eps > 0) || !(c->rope_theta > 0) || !(c->rope_factor > 0) ||
         c->n_eos_token_ids < 0 || c->n_eos_token_ids > 8 || c->bos_token_id >= c->vocab_size ||
         c->decoder_sparse_step < 1 || memchr(c->model_type, 0, sizeof c->model_type) == NULL ||
-        memchr(c->torch_dtype, 0, sizeof c->torch_dtype) == NULL)
+        memchr(c->torch_dtype, 0, sizeof c->torch_dtype) == NULL ||
+        memchr(c->quant_method, 0, sizeof c->quant_method) == NULL)
         abort();
     for (int i = 0; i < c->n_eos_token_ids; i++)
         if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size) abort();
@@ -122,10 +133,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rc2 == DF_OK) check_gen(&c, &g);
         int dense = 0;
         for (int i = 0; i < c.num_hidden_layers; i++) dense += !c.layer_is_moe[i];
-        snprintf(line1, sizeof line1, "ok arch %.16s%s rope %c dense %c eos %c gen %c", c.model_type,
+        snprintf(line1, sizeof line1, "ok arch %.16s%s rope %c dense %c eos %c gen %c quant %.24s", c.model_type,
                  c.tensor_prefix[0] ? " wrapped" : "", 'a' + (int)c.rope_type,
                  dense == 0 ? 'n' : dense == c.num_hidden_layers ? 'a' : 's',
-                 'a' + c.n_eos_token_ids, 'a' + rc2);
+                 'a' + c.n_eos_token_ids, 'a' + rc2, c.quant_method);
     } else {
         if (err.code != rc || strncmp(err.msg, "config.json: ", 13) != 0) abort();
         snprintf(line1, sizeof line1, "%d %s", rc, err.msg);
