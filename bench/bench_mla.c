@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)kvb_rows * (size_t)a.kvl; i++) wb[i] = bf16(frand() * 0.05f);
     df_tensor t = {.name = "kv_b", .dtype = DF_DT_BF16, .ndim = 2, .shape = {kvb_rows, a.kvl},
                    .nbytes = sizeof(uint16_t) * (uint64_t)kvb_rows * (uint64_t)a.kvl, .data = wb};
-    df_weight kv_b = {df_wview_make(wb, DF_DT_BF16, kvb_rows, a.kvl), &t};
+    df_weight kv_b = {df_wview_make(wb, DF_DT_BF16, kvb_rows, a.kvl), &t, NULL};
     /* one sequence of one layer, its cache full up to ctx */
     df_error err = {0};
     df_seq *s = df_seq_new(1, ctx);
