@@ -142,6 +142,20 @@ static bool populate_span(span s, uintptr_t c, uintptr_t ce) {
     return ok;
 }
 
+/* Read back and still mostly in 4 KiB pages: the kernel found few free 2 MiB
+ * blocks (a page cache full of other files). Decode then reads these weights
+ * at about two thirds of the rate, or less (docs/benchmarks.md): say so once,
+ * for files large enough to matter. */
+static void warn_small_pages(const df_model *m, int f, span s, uintptr_t c, uintptr_t ce) {
+    static bool warned;
+    pmd_info r;
+    if (warned || ce - c < ((uintptr_t)256 << 20) || !span_pmd(s, &r) || r.pmd >= (ce - c) / 2) return;
+    warned = true;
+    fprintf(stderr, "deltafin: warning: %s: only %.0f%% of the weights are mapped by 2 MiB pages (the "
+            "kernel found few free 2 MiB blocks), which slows decode; freeing memory first (e.g. dropping "
+            "the page cache) helps\n", df_st_file_path(m->st, f), 100.0 * (double)r.pmd / (double)(ce - c));
+}
+
 /* Sets done[f] for the files whose tensors it leaves mapped in: it has to
  * populate a file to see how the page cache maps it, and the prefault that
  * follows need not walk those pages again. It does not for a file too small
@@ -168,6 +182,7 @@ static void huge_weights(const df_model *m, bool *done) {
         if (!span_pmd(s, &b) || b.pmd < a.pmd + HUGE_SZ) continue;
         drop_range(m, f, s, a.off, s.lo, s.hi);
         done[f] = populate_span(s, c, ce); /* read back, as huge folios now */
+        warn_small_pages(m, f, s, c, ce);
     }
 }
 
