@@ -56,6 +56,23 @@ static void test_by_hand(void **state) {
                   BOS USER "q<\uff5ctool\u2581outputs\u2581begin\uff5c><\uff5ctool\u2581output\u2581begin\uff5c>a"
                   "<\uff5ctool\u2581output\u2581end\uff5c>\n<\uff5ctool\u2581output\u2581begin\uff5c>b"
                   "<\uff5ctool\u2581output\u2581end\uff5c><\uff5ctool\u2581outputs\u2581end\uff5c>c" EOS ASSISTANT);
+    /* DeepSeek-V2-Chat, as its model card writes the format */
+    const df_chat_msg v2[] = {{"system", "S"}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "Q"}};
+    expect_render(df_chat_render_deepseek_v2, v2, N(v2), 1,
+                  BOS "S\n\nUser: Hi\n\nAssistant: Yo" EOS "User: Q\n\nAssistant:");
+    expect_render(df_chat_render_deepseek_v2, v2 + 1, 1, 0, BOS "User: Hi\n\n");
+    {
+        char *out = NULL;
+        df_error err = {0};
+        assert_int_equal(df_chat_render_deepseek_v2(t, N(t), 1, 1, &out, NULL, NULL, &err), DF_ERR_ARG);
+        assert_non_null(strstr(err.msg, "'tool'"));
+    }
+    /* which template: V2.5's Jinja speaks V3's markers */
+    assert_ptr_equal(df_chat_template_for(df_chat_render_deepseek_v2, "{{ 'User: ' + message['content'] }}"),
+                     df_chat_render_deepseek_v2);
+    assert_ptr_equal(df_chat_template_for(df_chat_render_deepseek_v2, "{{'" USER "' + message['content']}}"),
+                     df_chat_render_deepseek_v3);
+    assert_ptr_equal(df_chat_template_for(df_chat_render_deepseek_v2, NULL), df_chat_render_deepseek_v2);
     const df_chat_msg k[] = {{"user", "Hi"}, {"assistant", "Yo"}, {"user", "Q"}};
     expect_render(df_chat_render_kimi_k2, k, N(k), 1,
                   "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by "

@@ -539,6 +539,20 @@ chat_check() {
 BOS='<｜begin▁of▁sentence｜>'; USR='<｜User｜>'; AST='<｜Assistant｜>'; EOS='<｜end▁of▁sentence｜>'
 chat_check chat-ds "$DSC" "${BOS}${USR}Hello${AST}" Hello
 chat_check chat-ds-system "$DSC" "${BOS}Be brief.${USR}Hello${AST}" Hello "Be brief."
+# DeepSeek-V2-Chat's own template, chosen when the checkpoint's Jinja is V2's (V2.5's,
+# with V3's markers, keeps V3's: engine-ds-v2 carries V3's tokenizer_config.json)
+copy_of "$DSC"; set_cfg "$T/m/config.json" model_type='"deepseek_v2"'
+set_cfg "$T/m/tokenizer_config.json" chat_template='"{{ bos_token }}{% for message in messages %}{% if message['"'"'role'"'"'] == '"'"'user'"'"' %}{{ '"'"'User: '"'"' + message['"'"'content'"'"'] + '"'"'\\n\\n'"'"' }}{% endif %}{% endfor %}"'
+inspect_has inspect-ds-v2-template "$T/m" "^chat template +DeepSeek-V2$"
+chat_check chat-ds-v2 "$T/m" "${BOS}User: Hello
+
+Assistant:" Hello
+chat_check chat-ds-v2-system "$T/m" "${BOS}Be brief.
+
+User: Hello
+
+Assistant:" Hello "Be brief."
+inspect_has inspect-ds-v2-v3-template "$DS2" "^chat template +DeepSeek-V3$"
 KSYS='<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>'
 chat_check chat-kimi "$KIMI" "${KSYS}<|im_user|>user<|im_middle|>Hello<|im_end|><|im_assistant|>assistant<|im_middle|>" Hello
 chat_check chat-kimi-system "$KIMI" "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hello<|im_end|><|im_assistant|>assistant<|im_middle|>" \

@@ -608,6 +608,6 @@ static const char *const KIMI_STOP[] = {"<|im_end|>", "[EOS]", "[EOT]", NULL};
      .seq_bytes = seq_bytes, .work_new = work_new, .work_free = work_free, .work_bytes = work_bytes,         \
      .forward = forward, .stop_tokens = stop, .chat = tmpl, .inspect = inspect}
 
-const df_arch df_arch_deepseek_v2 = FAMILY("deepseek_v2", DS_STOP, df_chat_render_deepseek_v3);
+const df_arch df_arch_deepseek_v2 = FAMILY("deepseek_v2", DS_STOP, df_chat_render_deepseek_v2);
 const df_arch df_arch_deepseek_v3 = FAMILY("deepseek_v3", DS_STOP, df_chat_render_deepseek_v3);
 const df_arch df_arch_kimi_k2 = FAMILY("kimi_k2", KIMI_STOP, df_chat_render_kimi_k2);

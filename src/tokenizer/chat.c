@@ -305,7 +305,35 @@ static void render_kimi(sbuf *b, const df_chat_msg *msgs, int n, int add_generat
     if (add_generation_prompt) puts_(b, "<|im_assistant|>assistant<|im_middle|>");
 }
 
-enum { T_DSV3, T_DSR1, T_KIMI };
+/* ------------------------------------------------------------------------ */
+/* DeepSeek-V2                                                              */
+
+/* DeepSeek-V2/V2-Lite-Chat's published template: BOS, then per message in
+ * order: system "C\n\n", user "User: C\n\n", assistant "Assistant: C" EOS;
+ * the generation prompt "Assistant:". Its Jinja drops any other role; here a
+ * tool message is refused instead (check_v2) rather than silently left out. */
+static void render_deepseek_v2(sbuf *b, const df_chat_msg *msgs, int n, int add_generation_prompt) {
+    put(b, "", 0);
+    puts_(b, DS_BOS);
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role, *text = msgs[i].content;
+        if (strcmp(role, "user") == 0) puts_(b, "User: ");
+        else if (strcmp(role, "assistant") == 0) puts_(b, "Assistant: ");
+        put_content(b, text, strlen(text));
+        puts_(b, strcmp(role, "assistant") == 0 ? DS_EOS : "\n\n");
+    }
+    if (add_generation_prompt) puts_(b, "Assistant:");
+}
+
+static int check_v2(const df_chat_msg *msgs, int n, df_error *err) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") && strcmp(msgs[i].role, "assistant"))
+            return df_fail(err, DF_ERR_ARG, "chat template: DeepSeek-V2's template has no '%s' role (message %d)",
+                           msgs[i].role, i);
+    return DF_OK;
+}
+
+enum { T_DSV3, T_DSR1, T_KIMI, T_DSV2 };
 
 static int render_other(int which, const df_chat_msg *msgs, int n, int add_generation_prompt,
                         char **out, df_text_span **content, size_t *n_content, df_error *err) {
@@ -316,9 +344,11 @@ static int render_other(int which, const df_chat_msg *msgs, int n, int add_gener
     if (!content != !n_content)
         return df_fail(err, DF_ERR_ARG, "chat template: content spans need both pointers");
     int rc = check_msgs(msgs, n, err);
+    if (!rc && which == T_DSV2) rc = check_v2(msgs, n, err);
     if (rc) return rc;
     sbuf b = {.track = content != NULL};
     if (which == T_KIMI) render_kimi(&b, msgs, n, add_generation_prompt);
+    else if (which == T_DSV2) render_deepseek_v2(&b, msgs, n, add_generation_prompt);
     else render_deepseek(&b, msgs, n, add_generation_prompt, which == T_DSR1);
     *out = b.p;
     if (content) {
@@ -340,6 +370,13 @@ int df_chat_render_deepseek_r1(const df_chat_msg *msgs, int n, int add_generatio
                                size_t *n_content, df_error *err) {
     (void)enable_thinking;
     return render_other(T_DSR1, msgs, n, add_generation_prompt, out, content, n_content, err);
+}
+
+int df_chat_render_deepseek_v2(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                               int enable_thinking, char **out, df_text_span **content,
+                               size_t *n_content, df_error *err) {
+    (void)enable_thinking;
+    return render_other(T_DSV2, msgs, n, add_generation_prompt, out, content, n_content, err);
 }
 
 int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_prompt,
@@ -366,7 +403,10 @@ static bool opens_think(const char *jinja) {
     return false;
 }
 
+/* DeepSeek-V2.5 keeps model_type deepseek_v2 but speaks V3's markers: a V2
+ * checkpoint whose Jinja writes <｜User｜> takes V3's template (or R1's). */
 df_chat_template_fn df_chat_template_for(df_chat_template_fn family, const char *jinja) {
+    if (family == df_chat_render_deepseek_v2 && jinja && strstr(jinja, DS_USER)) family = df_chat_render_deepseek_v3;
     if (family == df_chat_render_deepseek_v3 && jinja && opens_think(jinja)) return df_chat_render_deepseek_r1;
     return family;
 }
@@ -375,6 +415,7 @@ const char *df_chat_template_name(df_chat_template_fn t) {
     return t == df_chat_render_chatml_spans ? "ChatML (Qwen3)"
            : t == df_chat_render_deepseek_v3 ? "DeepSeek-V3"
            : t == df_chat_render_deepseek_r1 ? "DeepSeek-R1"
+           : t == df_chat_render_deepseek_v2 ? "DeepSeek-V2"
            : t == df_chat_render_kimi_k2     ? "Kimi K2"
                                              : "?";
 }
@@ -383,7 +424,7 @@ const char *df_chat_template_name(df_chat_template_fn t) {
  * every added token out of message content, not only the special ones. */
 static unsigned template_flags(df_chat_template_fn tmpl) {
     return tmpl == df_chat_render_deepseek_v3 || tmpl == df_chat_render_deepseek_r1 ||
-                   tmpl == df_chat_render_kimi_k2
+                   tmpl == df_chat_render_deepseek_v2 || tmpl == df_chat_render_kimi_k2
                ? DF_TOK_PLAIN_ALL
                : 0;
 }

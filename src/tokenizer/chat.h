@@ -29,6 +29,11 @@ int df_chat_render_chatml_spans(const df_chat_msg *msgs, int n, int add_generati
 int df_chat_render_deepseek_v3(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err);
+/* DeepSeek-V2/V2-Lite-Chat: "User: C\n\n", "Assistant: C" EOS (system, user,
+ * assistant roles only). */
+int df_chat_render_deepseek_v2(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                               int enable_thinking, char **out, df_text_span **content,
+                               size_t *n_content, df_error *err);
 int df_chat_render_deepseek_r1(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err);
@@ -39,7 +44,8 @@ int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_pr
 /* The template a checkpoint uses: its family's (model/arch.h), or the variant
  * that the checkpoint's own Jinja (tokenizer_config.json's chat_template, NULL
  * if none) shows it to be: DeepSeek-R1's for DeepSeek-V3's when the generation
- * prompt opens <think>\n. */
+ * prompt opens <think>\n; DeepSeek-V3's for DeepSeek-V2's when it writes
+ * <｜User｜> (DeepSeek-V2.5). */
 df_chat_template_fn df_chat_template_for(df_chat_template_fn family, const char *jinja);
 /* "DeepSeek-R1" and the like, for `deltafin inspect`. */
 const char *df_chat_template_name(df_chat_template_fn t);
