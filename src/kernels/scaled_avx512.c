@@ -33,10 +33,12 @@
  *    shifted left by 28, put byte i's low nibble in lane 2i and its high
  *    nibble in lane 2i+1.
  *
- * Tiles as in matmul_avx512.c: T == 1 does 4 rows at once with a software
- * prefetch of the next group (values, and for the 4-bit formats the scale
- * rows, a separate stream); T > 1 a 4-row x 4-token tile (16 accumulators,
- * 4 tables or scales, 4 weights: fits the 32 registers).
+ * Tiles as in matmul_avx512.c: T == 1 does 4 rows (FP8) or 8 rows (4-bit:
+ * +15-20 % from RAM) at once with a software prefetch of the next group
+ * (values, and for the 4-bit formats the scale rows, a separate stream); with
+ * VBMI and GFNI, FP8 at T == 1 decodes with byte permutes (qtile8v). T > 1 a
+ * 4-row x 4-token tile (16 accumulators, 4 tables or scales, 4 weights: fits
+ * the 32 registers).
  */
 #include "kernels/scaled.h"
 
@@ -49,26 +51,6 @@
 #define QN 4 /* rows per tile (T > 1; T == 1 FP8) */
 #define QN1 8 /* rows per tile at T == 1 (4-bit formats): more streams in flight */
 #define QNM 8 /* the larger of the two: array sizes */
-#include <stdlib.h>
-/* TEMP tuning knobs (env), removed once chosen */
-static int pf_groups = 1, pf_hint = 1, rows8 = 1, fp8v = 1;
-static void knobs(void) {
-    static int done;
-    if (done) return;
-    const char *e;
-    if ((e = getenv("DF_PFG"))) pf_groups = atoi(e);
-    if ((e = getenv("DF_PFH"))) pf_hint = atoi(e);
-    if ((e = getenv("DF_R8"))) rows8 = atoi(e);
-    if ((e = getenv("DF_F8V"))) fp8v = atoi(e);
-    done = 1;
-}
-INL void pfetch(const void *p) {
-    switch (pf_hint) {
-    case 0: _mm_prefetch((const char *)p, _MM_HINT_T0); break;
-    case 2: _mm_prefetch((const char *)p, _MM_HINT_NTA); break;
-    default: _mm_prefetch((const char *)p, _MM_HINT_T1); break;
-    }
-}
 #define QT 4 /* tokens per tile (T > 1) */
 
 enum { FP8 = DF_EL_F8_E4M3, I4 = DF_EL_I4, E2M1 = DF_EL_E2M1 };
@@ -205,7 +187,7 @@ INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
             /* each 64-byte line of this block, once, in the row group pf bytes on */
             for (int o = (kb + 63) & ~63; o < ke; o += 64)
                 #pragma GCC unroll 8
-                for (int r = 0; r < RN; r++) pfetch((const char *)w + r * rs + o + pf);
+                for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
         }
         __m512 st[QNM];
         if (block_state(st, srow, DF_SC_F32, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
@@ -282,7 +264,7 @@ __attribute__((noinline)) static void qtile8v(float *y, const float *x, const ui
         int ke = K - kb < bc ? K : kb + bc;
         for (int o = (kb + 63) & ~63; o < ke; o += 64)
             #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) pfetch((const char *)w + r * rs + o + pf);
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
         __m512 st[QNM];
         if (block_state(st, srow, DF_SC_F32, j, el, RN)) qblock(acc, x, 0, w, rs, st, kb, ke, el, RN, 1, 1);
         else qblock8v(acc, x, w, rs, st, kb, ke);
@@ -392,13 +374,13 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
                 int b0 = kb >> 1, b1 = (K - kb < 16 * bc ? K + 1 : kb + 16 * bc) >> 1;
                 for (int o = (b0 + 63) & ~63; o < b1; o += 64)
                     #pragma GCC unroll 8
-                    for (int r = 0; r < RN; r++) pfetch((const char *)w + r * rs + o + pf);
+                    for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
                 /* and their scales: the scale rows are separate streams that
                  * the values' prefetch does not cover (without it the demand
                  * misses on them cost INT4 a third of its speed in RAM) */
                 #pragma GCC unroll 8
                 for (int r = 0; r < RN; r++)
-                    pfetch((const char *)spf[r] + (size_t)j * (el == I4 ? 2 : 1));
+                    _mm_prefetch((const char *)spf[r] + (size_t)j * (el == I4 ? 2 : 1), _MM_HINT_T1);
             }
         }
         __m512 tab[QNM];
@@ -439,24 +421,25 @@ INL void qstrip(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
     }
 }
 
-/* T == 1: RN-row groups, each prefetching the one pf_groups on. */
+/* T == 1: RN-row groups, each prefetching the next one (its values and
+ * scales; further ahead, or into L1 or NTA, measured no better). */
 INL void qrows1(float *y, const float *x, const df_wview *v, int n0, int n1, int el, int RN) {
     const uint8_t *w = v->data;
     const int K = v->cols, bc = v->fmt.block_cols;
     const size_t rs = df_wfmt_row_bytes(v->fmt, K);
     const uint8_t *sr[QNM], *spf[QNM];
     /* prefetch: see matmul_avx512.c */
-    int next = RN * rs <= (32u << 10), pf = next ? (int)(pf_groups * RN * rs) : 2048 * pf_groups;
+    int next = RN * rs <= (32u << 10), pf = next ? (int)(RN * rs) : 2048;
     /* the scales pf bytes of values on: a later group's rows, or further in the row */
     size_t spo = el == FP8 ? 0 : (size_t)(2 * pf / bc) * (el == I4 ? 2 : 1);
     int n = n0;
     for (; n + RN <= n1; n += RN) {
         for (int r = 0; r < RN; r++) {
-            int nr = n + pf_groups * RN + r;
+            int nr = n + RN + r;
             sr[r] = df_scale_row(v, n + r);
             spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
         }
-        if (el == FP8 && RN == QN && fp8v && have_vbmi()) qtile8v(y + n, x, w + n * rs, rs, sr, K, bc, pf);
+        if (el == FP8 && RN == QN && have_vbmi()) qtile8v(y + n, x, w + n * rs, rs, sr, K, bc, pf);
         else qtile(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, el, RN, 1, pf, spf);
     }
     for (; n < n1; n++) {
@@ -470,9 +453,8 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
     const int K = v->cols, bc = v->fmt.block_cols;
     const size_t rs = df_wfmt_row_bytes(v->fmt, K);
     const uint8_t *sr[QN];
-    knobs();
     if (T == 1) {
-        if (rows8 == 2 || (rows8 == 1 && el != FP8)) qrows1(y, x, v, n0, n1, el, QN1);
+        if (el != FP8) qrows1(y, x, v, n0, n1, el, QN1);
         else qrows1(y, x, v, n0, n1, el, QN);
         return;
     }
