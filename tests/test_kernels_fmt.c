@@ -443,6 +443,7 @@ static void test_products_special(void **state) {
             float *out = df_xmalloc(sizeof(float) * ((size_t)N * K + 1));
             for (int isa = 0; isa < n_isas(); isa++) check_decode(&q, (df_isa)isa, out);
             check_q(&q, 1 + (int)(rnd() % 9), 1);
+            check_q(&q, 1, 1); /* T == 1 has its own tiles */
             free(out);
             free_q(&q);
         }
