@@ -28,13 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The products over a raw (data, dtype) matrix [N][K], as a view. */
-static void mm(df_pool *p, float *y, int ldy, const float *x, int ldx, const void *w, df_dtype dt, int T,
-               int N, int K) {
-    df_wview v = df_wview_make(w, dt, N, K);
-    df_matmul(p, y, ldy, x, ldx, &v, T);
-}
-
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -140,33 +133,46 @@ struct mm_res {
     double ms_call, gbs, us_tok, membw;
 };
 
-/* Runs df_matmul over consecutive copies of the weights in `wbig` (cycling)
- * until `budget` seconds pass; median of `reps` such rounds. */
-/* A memory-bandwidth pass (256 MiB, or the whole buffer if smaller) runs before each round, so each row's
- * fraction of bandwidth compares numbers taken at the same time: this machine
- * is shared and its bandwidth drifts. */
+/* Median time per call of df_matmul cycling over the views (all [rows][cols]
+ * alike) until `budget` seconds pass, over `reps` such rounds; `packed` bytes
+ * per view. A memory-bandwidth pass over rdmib MiB of rdbuf runs before each
+ * round, so each row's fraction of bandwidth compares numbers taken at the same
+ * time: this machine is shared and its bandwidth drifts. */
+static struct mm_res bench_views(df_pool *pool, const df_wview *v, int nv, uint64_t packed, int T, float *x,
+                                 float *y, const uint64_t *rdbuf, size_t rdmib, double budget, int reps) {
+    double t[16], bwv[16];
+    int ci = 0;
+    int N = v[0].rows, K = v[0].cols;
+    df_matmul(pool, y, N, x, K, &v[0], T); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        bwv[r] = mem_read_once(pool, rdbuf, rdmib);
+        int calls = 0;
+        double t0 = df_now(), t1;
+        do {
+            df_matmul(pool, y, N, x, K, &v[ci], T);
+            ci = (ci + 1) % nv;
+            calls++;
+            t1 = df_now();
+        } while (t1 - t0 < budget);
+        t[r] = (t1 - t0) / calls;
+    }
+    double s = median(t, reps);
+    struct mm_res res = {s * 1e3, (double)packed / s / 1e9, s / T * 1e6, median(bwv, reps)};
+    return res;
+}
+
+/* BF16 [N][K] weights: consecutive copies in `wbig`, cycled (bench_views;
+ * the bandwidth pass reads 256 MiB of wbig, or all of it if smaller). */
 static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_total,
                               int N, int K, int T, float *x, float *y, double budget, int reps) {
     size_t mbytes = (size_t)N * K * 2;
     size_t copies = wbytes_total / mbytes;
     if (copies < 1) copies = 1;
-    double v[16], bwv[16];
-    size_t ci = 0;
-    mm(pool, y, N, x, K, wbig, DF_DT_BF16, T, N, K); /* warm-up */
-    for (int r = 0; r < reps; r++) {
-        bwv[r] = mem_read_once(pool, (const uint64_t *)wbig, wbytes_total >> 20 < 256 ? wbytes_total >> 20 : 256);
-        int calls = 0;
-        double t0 = df_now(), t;
-        do {
-            mm(pool, y, N, x, K, wbig + (ci % copies) * mbytes, DF_DT_BF16, T, N, K);
-            ci++;
-            calls++;
-            t = df_now();
-        } while (t - t0 < budget);
-        v[r] = (t - t0) / calls;
-    }
-    double s = median(v, reps);
-    struct mm_res res = {s * 1e3, (double)mbytes / s / 1e9, s / T * 1e6, median(bwv, reps)};
+    df_wview *v = malloc(sizeof *v * copies);
+    for (size_t i = 0; i < copies; i++) v[i] = df_wview_make(wbig + i * mbytes, DF_DT_BF16, N, K);
+    size_t rdmib = wbytes_total >> 20 < 256 ? wbytes_total >> 20 : 256;
+    struct mm_res res = bench_views(pool, v, (int)copies, mbytes, T, x, y, (const uint64_t *)wbig, rdmib, budget, reps);
+    free(v);
     return res;
 }
 
@@ -219,30 +225,6 @@ static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv
     }
     *packed = vb + sb;
     return n;
-}
-
-/* Median time per call of df_matmul cycling over the views (rounds of
- * `budget` seconds, each after a bandwidth pass over rdmib MiB: see bench_mm). */
-static struct mm_res bench_views(df_pool *pool, const df_wview *v, int nv, uint64_t packed, int T, float *x,
-                                 float *y, const uint64_t *rdbuf, size_t rdmib, double budget, int reps) {
-    double t[16], bwv[16];
-    int ci = 0;
-    df_matmul(pool, y, FM_N, x, FM_K, &v[0], T); /* warm-up */
-    for (int r = 0; r < reps; r++) {
-        bwv[r] = mem_read_once(pool, rdbuf, rdmib);
-        int calls = 0;
-        double t0 = df_now(), t1;
-        do {
-            df_matmul(pool, y, FM_N, x, FM_K, &v[ci], T);
-            ci = (ci + 1) % nv;
-            calls++;
-            t1 = df_now();
-        } while (t1 - t0 < budget);
-        t[r] = (t1 - t0) / calls;
-    }
-    double s = median(t, reps);
-    struct mm_res res = {s * 1e3, (double)packed / s / 1e9, s / T * 1e6, median(bwv, reps)};
-    return res;
 }
 
 /* Parses "1,2,8" into ts (at most 8 sizes, each 1..64); the count, 0 if bad. */
