@@ -40,15 +40,11 @@ static void inspect_tensors(const df_model *m, FILE *f) {
         for (int e = 0; c->layer_is_moe[li] && e < c->num_experts; e++)
             for (int p = 0; p < m->experts.layout->n_parts; p++)
                 xlayer[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = li;
-    for (int li = 0; m->experts.xt && li < c->num_hidden_layers; li++) /* packed experts' shapes */
-        for (int e = 0; c->layer_is_moe[li] && e < c->num_experts; e++)
-            for (int k = 0; k < DF_EXPERT_MATS; k++) {
-                char name[340];
-                df_expert_module(c, li, e, k, name, sizeof name - 16);
-                strcat(name, ".weight_shape");
-                const df_tensor *t = df_st_find(m->st, name);
-                if (t) xlayer[df_st_index(m->st, t)] = li;
-            }
+    for (int li = 0; m->experts.xs && li < c->num_hidden_layers; li++) /* packed experts' shapes */
+        for (int i = 0; i < c->num_experts * DF_EXPERT_MATS; i++) {
+            const df_tensor *t = m->experts.xs[(size_t)li * (size_t)c->num_experts * DF_EXPERT_MATS + (size_t)i];
+            if (t) xlayer[df_st_index(m->st, t)] = li;
+        }
     uint64_t per_layer_bytes = 0;
     int per_layer_count = 0, cur_layer = -1;
     for (size_t i = 0; i < nt; i++) {
@@ -91,8 +87,7 @@ static void inspect_formats(const df_model *m, FILE *f) {
             const df_tensor *t = df_expert_part(&m->experts, li, 0, xl->mat[k].values);
             df_wfmt w = xl->fmt[k];
             if (xl->mat[k].scale < 0) df_wfmt_of_dtype(t->dtype, &w);
-            int cols = (int)t->shape[1] * (xl->kind[k] == DF_Q_INT4 ? 8 : xl->kind[k] == DF_Q_MXFP4 ? 2 : 1);
-            bf16 += 2 * (uint64_t)t->shape[0] * (uint64_t)cols;
+            bf16 += 2 * (uint64_t)t->shape[0] * (uint64_t)df_expert_mat_cols(xl, k, t);
             fprintf(f, " %s %s%s", mat[k], df_wfmt_name(w), k < DF_EXPERT_MATS - 1 ? "," : "");
         }
         char a[32], b[32];

@@ -95,6 +95,7 @@ int df_expert_inventory_build(df_expert_inventory *inv, const df_config *c, cons
 
 void df_expert_inventory_free(df_expert_inventory *inv) {
     free(inv->xt);
+    free(inv->xs);
     free((void *)inv->layout);
     memset(inv, 0, sizeof *inv);
 }
@@ -142,9 +143,9 @@ void df_expert_bind(const df_expert_inventory *inv, int layer, int e, const void
         /* shapes and formats were checked when the model was loaded */
         if (xl->mat[k].scale < 0)
             *v = df_wview_make(part_data[xl->mat[k].values], t->dtype, (int)t->shape[0], (int)t->shape[1]);
-        else /* packed widths: the scale grid's rows are the matrix's, its columns a 32nd (or 128th) */
+        else
             *v = df_wview_scaled(xl->fmt[k], part_data[xl->mat[k].values], part_data[xl->mat[k].scale],
-                                 (int)t->shape[0], xl->kind[k] == DF_Q_FP8 ? (int)t->shape[1] : (int)t->shape[1] * (xl->kind[k] == DF_Q_INT4 ? 8 : 2));
+                                 (int)t->shape[0], df_expert_mat_cols(xl, k, t));
     }
 }
 

@@ -48,6 +48,10 @@ typedef struct df_expert_inventory {
     const df_expert_layout *layout; /* the checkpoint's (owned by the inventory) */
     int n_layers, n_experts;
     const df_tensor **xt;
+    /* xs[(layer * E + e) * DF_EXPERT_MATS + k]: matrix k's weight_shape (pack-
+     * quantized experts carry one; checked at load, never read again), or
+     * NULL; filled by df_model_check_experts (NULL until then) */
+    const df_tensor **xs;
     uint64_t bytes;        /* all of them, as stored */
 } df_expert_inventory;
 
@@ -72,6 +76,12 @@ int df_expert_check_scales(const df_expert_inventory *inv, const df_st *st, int 
                            const void *const *part_data, df_error *err);
 /* Every routed expert's scales, in place (resident experts). */
 int df_expert_check_all_scales(const df_expert_inventory *inv, const df_st *st, df_error *err);
+/* Matrix k's columns from its stored values tensor: packed INT4 holds eight
+ * per I32 word, MXFP4 two per byte. */
+static inline int df_expert_mat_cols(const df_expert_layout *xl, int k, const df_tensor *values) {
+    int per = xl->kind[k] == DF_Q_INT4 ? 8 : xl->kind[k] == DF_Q_MXFP4 ? 2 : 1;
+    return (int)values->shape[1] * per;
+}
 /* Bytes of one expert's parts as stored. */
 uint64_t df_expert_bytes(const df_expert_inventory *inv, int layer, int e);
 

@@ -100,7 +100,7 @@ int df_model_vector(df_model *m, float **out, const char *name, int n, df_error 
 }
 
 int df_model_check_experts(df_model *m, const int *rows, const int *cols, df_error *err) {
-    const df_expert_inventory *inv = &m->experts;
+    df_expert_inventory *inv = &m->experts;
     const df_expert_layout *xl = inv->layout;
     for (int li = 0; xl && li < inv->n_layers; li++) {
         if (!m->cfg.layer_is_moe[li]) continue;
@@ -116,7 +116,12 @@ int df_model_check_experts(df_model *m, const int *rows, const int *cols, df_err
                                    "expert 0 is %s: every routed expert must be in one format",
                                    df_st_file_path(m->st, q.values->file), q.values->name,
                                    df_qkind_name(q.kind), df_qkind_name(xl->kind[k]));
-                if (q.shape) m->used[df_st_index(m->st, q.shape)] = true;
+                if (!q.shape) continue;
+                m->used[df_st_index(m->st, q.shape)] = true;
+                if (!inv->xs)
+                    inv->xs = df_xcalloc((size_t)inv->n_layers * (size_t)inv->n_experts * DF_EXPERT_MATS,
+                                         sizeof(const df_tensor *));
+                inv->xs[((size_t)li * (size_t)inv->n_experts + (size_t)e) * DF_EXPERT_MATS + (size_t)k] = q.shape;
             }
     }
     return DF_OK;
@@ -162,17 +167,11 @@ int df_model_load(df_model *m, const char *dir, df_error *err) {
         for (int e = 0; c->layer_is_moe[li] && e < m->experts.n_experts; e++)
             for (int p = 0; p < m->experts.layout->n_parts; p++)
                 m->is_expert[df_st_index(m->st, df_expert_part(&m->experts, li, e, p))] = true;
-    /* pack-quantized experts' weight_shape tensors: read once at load (checked),
-     * never by the forward pass; listed and counted with the experts */
-    for (int li = 0; m->experts.xt && li < m->experts.n_layers; li++)
-        for (int e = 0; c->layer_is_moe[li] && e < m->experts.n_experts; e++)
-            for (int k = 0; k < DF_EXPERT_MATS; k++) {
-                char name[340];
-                df_expert_module(c, li, e, k, name, sizeof name - 16);
-                strcat(name, ".weight_shape");
-                const df_tensor *t = df_st_find(m->st, name);
-                if (t) m->is_expert[df_st_index(m->st, t)] = true, m->bytes_shapes += t->nbytes;
-            }
+    /* pack-quantized experts' weight_shape tensors: checked at load, never read
+     * by the forward pass; listed with the experts */
+    size_t nxs = m->experts.xs ? (size_t)m->experts.n_layers * (size_t)m->experts.n_experts * DF_EXPERT_MATS : 0;
+    for (size_t i = 0; i < nxs; i++)
+        if (m->experts.xs[i]) m->is_expert[df_st_index(m->st, m->experts.xs[i])] = true;
     m->bytes_experts = m->experts.bytes;
     for (size_t i = 0; i < nt; i++) {
         uint64_t b = df_st_at(m->st, i)->nbytes;

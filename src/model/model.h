@@ -42,7 +42,6 @@ typedef struct df_model {
     /* dense: the always-active tensors the forward pass reads; unused: what
      * it never reads (MTP layers, a wrapper's vision tower, rotary buffers) */
     uint64_t bytes_total, bytes_dense, bytes_experts, bytes_unused;
-    uint64_t bytes_shapes; /* packed experts' weight_shape tensors (with the experts, not read) */
     int n_unused;
     /* the always-active matrices every token reads (df_model_matrix with active) */
     df_weight **active;
