@@ -152,6 +152,11 @@ void df_engine_stats(const df_engine *eng, df_stats *out);
 
 /* Human-readable config, tensor inventory and byte counts. */
 void df_engine_inspect(const df_engine *eng, FILE *out);
+/* From DIR/config.json alone (no tensors needed): the always-active bytes,
+ * the routed expert bytes per token, and the decode speed a machine with
+ * `ram` bytes of RAM (0: not asked) and drives reading `drive_gbps` GB/s
+ * could expect from those counts. */
+int df_inspect_config(const char *dir, uint64_t ram, double drive_gbps, FILE *out, df_error *err);
 
 /* ---- tokenizer and chat ------------------------------------------------ */
 
@@ -182,6 +187,12 @@ typedef struct df_chat_msg {
     const char *role; /* "system", "user", "assistant", "tool" */
     const char *content;
 } df_chat_msg;
+
+/* enable_thinking below: 0 off, anything else on. A template that also states
+ * how hard to think (Kimi K3's thinking-effort system message) takes the effort
+ * from it: DF_THINK_ON is that template's default (max for Kimi K3); the
+ * others ask for one. Templates without an effort read them all as on. */
+enum { DF_THINK_OFF = 0, DF_THINK_ON = 1, DF_THINK_LOW = 2, DF_THINK_HIGH = 3, DF_THINK_MAX = 4 };
 
 /* The conversation through the model's chat template, as the prompt's token
  * ids (*ids malloc'ed). Special tokens (tokenizer.json "special": true, e.g.
@@ -222,6 +233,10 @@ int df_session_capacity(const df_session *s);
  * (<= pos), or -1 with err for a pos outside 0..df_session_pos. */
 void df_session_keep(df_session *s, int pos);
 int df_session_rollback(df_session *s, int pos, df_error *err);
+/* How many positions the session keeps at once (INT_MAX when every position
+ * can be returned to); beyond it, keeping one forgets the oldest kept but the
+ * earliest position. */
+int df_session_keep_limit(const df_session *s);
 /* Called after every layer of a forward pass over `rows` rows, for progress
  * displays on long prompts. */
 typedef void (*df_progress_fn)(void *user, int layer, int n_layers, int rows_done, int rows_total);

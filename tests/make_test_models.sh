@@ -60,3 +60,27 @@ gen engine-mixed-kimi --arch kimi_k2 --seed 22 --dtype bf16 --vocab 1024 --hidde
     --layers 3 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
     --first-k-dense 1 --experts 16 --top-k 4 --n-shared-experts 1 --moe-intermediate 32 \
     --routed-scaling-factor 2.827 --max-pos 4096 --quant-experts mxfp4 --quant-dense int4
+# Kimi-Linear and Kimi K3 (KDA + NoPE MLA hybrid; tools/gen_kimi_linear.py), the same
+# shapes as check_model.py's kimi set: a Kimi-Linear-48B-shaped model (softplus gate,
+# low-rank output gate, A_log [1,1,Hk,1], q_proj, SiLU, 1 shared expert, scaling 2.446);
+# a K3-shaped wrapper (lower-bound gate, g_proj, zero-padded A_log [dk], q-LoRA, MLA
+# output gate, SiTU, 2 shared experts, latent MoE with norm, AttnRes blocks of 2 over
+# 6 layers, MXFP4 routed experts, sharded); per-channel A_log [dk] with grouped top-k.
+KL=(--vocab 1024 --heads 4 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 --first-k-dense 1)
+gen engine-kimi-linear --arch kimi_linear --seed 23 "${KL[@]}" --hidden 96 --intermediate 160 --layers 4 \
+    --kda-layers 1,2,3 --kda-heads 4 --kda-head-dim 16 --a-log-shape head4d --experts 16 --top-k 4 \
+    --n-shared-experts 1 --moe-intermediate 32 --routed-scaling-factor 2.446 --kda-v-gain 0.3 --max-pos 4096
+gen engine-k3 --arch kimi_k3 --seed 24 "${KL[@]}" --hidden 64 --intermediate 128 --layers 6 --kda-layers 1,2,4,5 \
+    --kda-heads 4 --kda-head-dim 16 --gate-lower-bound -5 --gate-rank full --a-log-shape padded --q-lora-rank 48 \
+    --mla-output-gate --hidden-act situ --act-gain 3 --experts 16 --top-k 4 --n-shared-experts 2 \
+    --moe-intermediate 32 --latent-moe 32 --latent-norm --attn-res-block 2 --quant mxfp4 --max-pos 4096 \
+    --max-shard-size 400000
+# Streamed in test_stream (two MoE layers): K3's shape with MXFP4 experts, 3 layers.
+gen engine-k3-stream --arch kimi_k3 --seed 26 "${KL[@]}" --hidden 64 --intermediate 128 --layers 3 --kda-layers 1,3 \
+    --kda-heads 4 --kda-head-dim 16 --gate-lower-bound -5 --gate-rank full --a-log-shape padded --q-lora-rank 48 \
+    --mla-output-gate --hidden-act situ --act-gain 3 --experts 16 --top-k 4 --n-shared-experts 2 \
+    --moe-intermediate 32 --latent-moe 32 --latent-norm --attn-res-block 2 --quant mxfp4 --max-pos 4096
+gen engine-kda-chan --arch kimi_linear --seed 25 "${KL[@]}" --hidden 64 --intermediate 128 --layers 3 \
+    --kda-layers 1,3 --kda-heads 2 --kda-head-dim 32 --a-log-shape channel --gate-lower-bound -5 --q-lora-rank 32 \
+    --mla-output-gate --experts 16 --top-k 4 --grouped-topk --n-group 4 --topk-group 2 --norm-topk-prob 0 \
+    --routed-scaling-factor 2.0 --n-shared-experts 0 --moe-intermediate 32 --latent-moe 32 --max-pos 4096

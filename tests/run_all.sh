@@ -63,6 +63,7 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
 run_counted ref-selftest $PY tests/ref/test_ref_selftest.py
 run_counted deepseek-ref $PY tests/ref/test_deepseek_ref.py
 run_counted quant-ref $PY tests/ref/test_quant_ref.py
+run_counted kimi-linear-ref $PY tests/ref/test_kimi_linear_ref.py
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
 # the DeepSeek-V3 family: every model also prefilled 3 rows at a time through the latent
 # cache, and bitwise across thread counts
@@ -70,6 +71,9 @@ run_counted reference-deepseek $PY tests/ref/check_model.py --suite --set deepse
     --dir "$DF_TEST_MODELS/ref" --determinism --batch 3
 # weights as shipped in FP8, INT4 and MXFP4 (issue 22), also batched and across thread counts
 run_counted reference-formats $PY tests/ref/check_model.py --suite --set formats --engine "$B/deltafin-san" \
+    --dir "$DF_TEST_MODELS/ref" --determinism --batch 3
+# The Kimi-Linear family (Kimi-Linear, Kimi K3 with MXFP4 experts, per-channel A_log)
+run_counted reference-kimi $PY tests/ref/check_model.py --suite --set kimi --engine "$B/deltafin-san" \
     --dir "$DF_TEST_MODELS/ref" --determinism --batch 3
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"

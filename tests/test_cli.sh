@@ -679,4 +679,39 @@ q_nan_expert mxfp4 "$MIX" $X.1.mlp.experts.2.up_proj.weight_scale 5 ff
 q_nan_expert int4 "$INT4" $X.2.mlp.experts.7.down_proj.weight_scale 3 7f80
 q_nan_expert fp8 "$FP8" $X.2.mlp.experts.15.up_proj.weight_scale_inv 1 ff800000
 
+# ---- the Kimi-Linear family (issue 23): a malformed schedule or KDA tensor names the field
+# or the tensor, exit 2
+KL=$MODELS/engine-kimi-linear; K3=$MODELS/engine-k3; A=model.layers.0.self_attn
+kl_cfg() { local n=$1 pat=$2; shift 2; copy_of "$KL"; set_cfg "$T/m/config.json" "$@"
+    expect_error "kl-$n" "$pat" "$ENG" inspect --model "$T/m"; }
+kl_cfg schedule-range "/config.json: field 'linear_attn_config.full_attn_layers' entry 0 must be a layer number in 1..4" \
+    'linear_attn_config.full_attn_layers=[9]'
+kl_cfg schedule-twice "field 'linear_attn_config.full_attn_layers': layer 2 is listed twice" \
+    'linear_attn_config.full_attn_layers=[2,4]'
+kl_cfg schedule-gap "layer 4 is in neither kda_layers nor full_attn_layers" 'linear_attn_config.full_attn_layers=[]'
+kl_cfg gate-form "tensor '$A.g_proj.weight' is missing from the checkpoint" 'linear_attn_config.use_full_rank_gate=true'
+kl_cfg conv-kernel "tensor '$A.q_conv1d.weight' has shape \[64,1,4\] but config.json implies \[64,1,3\]" \
+    'linear_attn_config.short_conv_kernel_size=3'
+kl_cfg heads "tensor '$A.q_proj.weight' has shape \[64,96\] but config.json implies \[80,96\]" \
+    'linear_attn_config.num_heads=5'
+kl_cfg situ-beta "field 'activation_situ_beta' is missing" 'hidden_act="situ"'
+kl_bad() { local n=$1 m=$2 pat=$3; shift 3; copy_of "$m"; st_edit "$T/m" "$@"
+    expect_error "kl-$n" "$pat" "$ENG" inspect --model "$T/m"; }
+kl_bad kda-shape "$KL" "/model.safetensors: tensor '$A.k_proj.weight' has shape \[48,96\] but config.json implies \[64,96\]" \
+    shape=$A.k_proj.weight:48,96
+kl_bad conv-shape "$KL" "tensor '$A.v_conv1d.weight' has shape \[64,1,2\] but config.json implies \[64,1,4\]" \
+    shape=$A.v_conv1d.weight:64,1,2
+kl_bad a-log "$KL" "tensor '$A.A_log' has shape \[3\] but config.json implies \[4\]" shape=$A.A_log:3
+kl_bad k3-attn-res "$K3" "tensor 'language_model.model.layers.1.mlp_res_proj.weight' is missing" \
+    drop=language_model.model.layers.1.mlp_res_proj.weight
+kl_bad k3-latent "$K3" "tensor 'language_model.model.layers.2.block_sparse_moe.routed_expert_norm.weight' is missing" \
+    drop=language_model.model.layers.2.block_sparse_moe.routed_expert_norm.weight
+# the sizes of a full-size Kimi K3 from its config.json alone
+out=$("$ENG" inspect --model tests/data/configs/Kimi-K3 --config-only --ram 128G --drive-bw 24 2>&1)
+echo "$out" | grep -q "always-active         105.71 GiB (113.5 GB)" && echo "$out" | grep -q "one routed expert     16.73 MiB (17547264 B)" &&
+    echo "$out" | grep -q "expert bytes/token    24.06 GiB (25.8 GB)" && echo "$out" | grep -q "expected              0.9" \
+    && ok k3-config-only || bad k3-config-only "$out"
+expect_error config-only-family "does not know the sizes of model_type 'qwen3_moe'" \
+    "$ENG" inspect --model "$MODELS/engine-moe" --config-only
+
 finish

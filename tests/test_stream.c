@@ -52,6 +52,10 @@ static model MODELS[] = {
     {.name = "engine-fp8-ds", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
     {.name = "engine-int4-kimi", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
     {.name = "engine-mixed-kimi", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
+    /* the Kimi-Linear family (issue 23): KDA + NoPE MLA; K3's shape with MXFP4 experts in a
+     * latent width, attention residuals; per-channel A_log, grouped routing */
+    {.name = "engine-k3-stream", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
+    {.name = "engine-kda-chan", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
 };
 #define N_MODELS (int)(sizeof MODELS / sizeof MODELS[0])
 static model *M = &MODELS[0]; /* the model the tests run on */

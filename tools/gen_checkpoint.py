@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""gen_checkpoint - writes a random-weight Hugging Face Qwen3 / Qwen3-MoE / DeepSeek-V3 family checkpoint.
+"""gen_checkpoint - writes a random-weight Hugging Face Qwen3 / Qwen3-MoE / DeepSeek-V3 / Kimi-Linear family checkpoint.
 
 Owns: the synthetic models the tests and benchmarks run. Output is a checkpoint
 directory as the hub lays it out: config.json, generation_config.json,
@@ -12,7 +12,9 @@ by (seed, crc32(name)), so a tensor's values do not depend on sharding, dtype
 layout order or which other tensors exist.
 
 The DeepSeek-V3 family (deepseek_v2, deepseek_v3, kimi_k2, and the Kimi K2.5
-wrapper) lives in gen_deepseek.py: its config fields and tensor plan. Weights in
+wrapper) lives in gen_deepseek.py: its config fields and tensor plan; the
+Kimi-Linear family (kimi_linear, and the Kimi K3 wrapper kimi_k3: KDA + NoPE MLA,
+latent MoE, SiTU, attention residuals) in gen_kimi_linear.py. Weights in
 the shipped 8- and 4-bit formats (--quant fp8 | int4 | mxfp4, --quant-experts,
 --quant-dense) come from gen_quant.py: the quantizers, companion tensors and
 quantization_config.
@@ -39,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
 import safetensors_np as st  # noqa: E402
 import gen_deepseek as ds  # noqa: E402
+import gen_kimi_linear as kl  # noqa: E402
 import gen_quant as gq  # noqa: E402
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -73,7 +76,8 @@ def parse_kv_spec(spec):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", choices=["qwen3", "qwen3_moe"] + list(ds.ARCHS), default="qwen3")
+    p.add_argument("--arch", choices=["qwen3", "qwen3_moe"] + list(ds.ARCHS) + list(kl.ARCHS),
+                   default="qwen3")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--vocab", type=int, default=1024)
@@ -99,7 +103,8 @@ def parse_args(argv):
     p.add_argument("--rope-legacy-key", action="store_true",
                    help='write rope_scaling {"type": ...} (older configs) instead of "rope_type"')
     p.add_argument("--max-pos", type=int, default=4096)
-    p.add_argument("--rms-eps", type=float, default=1e-6)
+    p.add_argument("--rms-eps", type=float, default=None,
+                   help="default 1e-6 (1e-5 for kimi_linear / kimi_k3)")
     p.add_argument("--max-shard-size", type=int, default=0, help="bytes; 0 = one file")
     p.add_argument("--bos-id", default="auto",
                    help="auto: Qwen3's 151643 if inside the vocab, else none; 'none'; or an id")
@@ -122,12 +127,18 @@ def parse_args(argv):
                         "layout checks with `deltafin inspect`, not for running")
     p.add_argument("--out", required=True)
     ds.add_args(p)
+    kl.add_args(p)
     gq.add_args(p)
     a = p.parse_args(argv)
     if a.match_trace:
         match_trace(p, a)
     gq.check_args(p, a)
     a.deepseek = a.arch in ds.ARCHS
+    a.kimi_linear = a.arch in kl.ARCHS
+    if a.rms_eps is None:
+        a.rms_eps = 1e-5 if a.kimi_linear else 1e-6
+    if a.kimi_linear:
+        return kl.check_args(p, a)
     if a.deepseek:
         return parse_deepseek(p, a)
     qwen3_defaults(p, a)
@@ -436,23 +447,31 @@ def generate(a):
     os.makedirs(a.out, exist_ok=True)
     st_dtype = DTYPES[a.dtype][0]
     itemsize = st.itemsize(st_dtype)
-    if a.deepseek:
-        cfg = ds.build_config(a, DTYPES[a.dtype][1])
-        plan = ds.tensor_plan(cfg, a, "language_model." if a.wrap_language_model else "")
-        file_cfg = ds.wrap_config(cfg, DTYPES[a.dtype][1]) if a.wrap_language_model else cfg
-        gen_cfg = ds.generation_config(a)
+    if a.kimi_linear:
+        cfg = kl.build_config(a)
+        prefix = "language_model." if a.arch == "kimi_k3" else ""
+        plan, qcfg = kl.apply_quant(kl.tensor_plan(cfg, a, prefix), a, lambda t: row_source(t, a.seed))
+        gen_cfg = kl.generation_config(a)
     else:
-        cfg = build_config(a)
-        plan = tensor_plan(cfg)
-        file_cfg, gen_cfg = cfg, generation_config(a)
-    prefix = "language_model." if a.deepseek and a.wrap_language_model else ""
-    plan, qcfg = gq.apply(plan, a, prefix, lambda t: row_source(t, a.seed),
-                          (lambda t: tensor_rng(a.seed, t[0])) if a.fast_init else None)
+        if a.deepseek:
+            cfg = ds.build_config(a, DTYPES[a.dtype][1])
+            plan = ds.tensor_plan(cfg, a, "language_model." if a.wrap_language_model else "")
+            gen_cfg = ds.generation_config(a)
+        else:
+            cfg = build_config(a)
+            plan = tensor_plan(cfg)
+            gen_cfg = generation_config(a)
+        prefix = "language_model." if a.deepseek and a.wrap_language_model else ""
+        plan, qcfg = gq.apply(plan, a, prefix, lambda t: row_source(t, a.seed),
+                              (lambda t: tensor_rng(a.seed, t[0])) if a.fast_init else None)
     if qcfg is not None:
         # a wrapper's text config (cfg) is its text_config: the quantization config goes there
         cfg["quantization_config"] = qcfg
         cfg = dict(sorted(cfg.items()))
-        file_cfg = ds.wrap_config(cfg, DTYPES[a.dtype][1]) if prefix else cfg
+    if not prefix:
+        file_cfg = cfg
+    else:
+        file_cfg = kl.wrap_config(cfg) if a.kimi_linear else ds.wrap_config(cfg, DTYPES[a.dtype][1])
     shards = plan_shards(plan, itemsize, a.max_shard_size)
 
     # Remove checkpoint files of an earlier run so a stale shard can never be read.
@@ -500,9 +519,9 @@ def generate(a):
         json.dump(gen_cfg, f, indent=2)
         f.write("\n")
 
-    if a.deepseek and getattr(a, "test_tiktoken", False):
+    if (a.deepseek or a.kimi_linear) and getattr(a, "test_tiktoken", False):
         ds.write_test_tiktoken(a.out, os.path.join(REPO, "assets", "tokenizers", "llama3", "tokenizer.json"),
-                               a.vocab)
+                               a.vocab, *(kl.test_tokenizer(a) if a.kimi_linear else ()))
     elif not a.no_tokenizer:
         optional = a.deepseek   # tokenizer.json or tiktoken.model, whichever the dir has
         names = ("tokenizer.json", "tokenizer_config.json") + (("tiktoken.model",) if a.deepseek else ())

@@ -352,9 +352,9 @@ def test_tiktoken_ranks(vocab):
     return min(vocab, 128000) - len(KIMI_SPECIALS)
 
 
-def write_test_tiktoken(out_dir, llama3_json, vocab):
-    """Writes tiktoken.model + tokenizer_config.json for a model of `vocab` ids;
-    returns (bos, [eos]) ids."""
+def write_test_tiktoken(out_dir, llama3_json, vocab, specials=KIMI_SPECIALS, eos_token="[EOS]"):
+    """Writes tiktoken.model + tokenizer_config.json for a model of `vocab` ids
+    (specials: len(KIMI_SPECIALS) names after the ranks); returns (bos, [eos]) ids."""
     import base64
     import json
     import os
@@ -372,10 +372,11 @@ def write_test_tiktoken(out_dir, llama3_json, vocab):
         raise SystemExit(f"gen_checkpoint: {llama3_json}: ranks 0..{n_ranks - 1} are not distinct")
     with open(os.path.join(out_dir, "tiktoken.model"), "w") as f:
         f.writelines(lines)
-    added = {str(n_ranks + k): {"content": s, "special": True} for k, s in enumerate(KIMI_SPECIALS)}
-    cfg = {"added_tokens_decoder": added, "bos_token": "[BOS]", "eos_token": "[EOS]",
+    assert len(specials) == len(KIMI_SPECIALS)
+    added = {str(n_ranks + k): {"content": s, "special": True} for k, s in enumerate(specials)}
+    cfg = {"added_tokens_decoder": added, "bos_token": "[BOS]", "eos_token": eos_token,
            "tokenizer_class": "TikTokenTokenizer"}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    return n_ranks, [n_ranks + 1]
+    return n_ranks, [n_ranks + specials.index(eos_token)]

@@ -92,6 +92,11 @@ const cli_opt CLI_OPTS[] = {
      cli_set_size, F(ram_budget), 0, 0},
     {"--expert-cache", "SIZE", "size the expert cache directly instead of from --ram-budget", cli_set_size,
      F(expert_cache), 0, 0},
+    {"--config-only", NULL, "inspect: from config.json alone (the tensors need not exist): sizes\n"
+     "as shipped and, with --ram and --drive-bw, the expected decode speed", cli_set_true, F(config_only), 0, 0},
+    {"--ram", "SIZE", "inspect --config-only: the machine's RAM", cli_set_size, F(ram), 0, 0},
+    {"--drive-bw", "GB/S", "inspect --config-only: the drives' read bandwidth, all together", cli_set_float,
+     F(drive_bw), 0, 0},
     {"--policy", "P", "expert cache policy: deltafin (default) or lru", cli_set_str, F(policy), 0, 0},
     {"--prefetch", "MODE", "read predicted experts ahead of need: on (per layer the better\n"
      "of the router lookahead and the previous token's experts while\n"

@@ -22,6 +22,9 @@ typedef struct cli_args {
     uint64_t ram_budget, expert_cache, pin;
     int threads, ctx, chunk;
     bool describe_only; /* inspect: open without reading weights ahead */
+    bool config_only;   /* inspect: config.json alone */
+    uint64_t ram;       /* inspect --config-only: the machine's RAM */
+    float drive_bw;     /* inspect --config-only: GB/s */
     /* run: prompt, chat, output */
     const char *prompt, *prompt_tokens, *system, *events;
     bool chat, think, print_ids, stats;

@@ -275,7 +275,8 @@ int cli_run_main(int argc, char **argv) {
 
 /* ---- inspect, tokenize, logits ----------------------------------------------------- */
 
-static const cli_section INSPECT_SECTIONS[] = {{NULL, "--model --threads --isa --experts --ram-budget"}, {0}};
+static const cli_section INSPECT_SECTIONS[] = {
+    {NULL, "--model --threads --isa --experts --ram-budget --config-only --ram --drive-bw"}, {0}};
 static const cli_cmd INSPECT_CMD = {
     .usage = "usage: deltafin inspect --model DIR\n\n"
              "Prints the config, the tensor inventory (routed experts summarised per layer)\n"
@@ -288,6 +289,15 @@ int cli_inspect_main(int argc, char **argv) {
     cli_args_init(&a);
     int rc = cli_parse(&INSPECT_CMD, &a, argc, argv);
     if (rc) return rc == CLI_HELP ? 0 : rc;
+    if (a.config_only) {
+        df_error err = {0};
+        if (!a.model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
+        if (df_inspect_config(a.model, a.ram, a.drive_bw, stdout, &err)) {
+            fprintf(stderr, "deltafin: %s\n", err.msg);
+            return 2;
+        }
+        return 0;
+    }
     a.describe_only = true;
     df_engine *e = cli_open_engine(&a, NULL);
     df_engine_inspect(e, stdout);

@@ -428,13 +428,20 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
             if (sp->ctx[n_hist + i] < 0 || sp->ctx[n_hist + i] >= sp->V) kd = i;
     }
     t_draft_end = df_now();
-    /* every drafted row may be the last one kept */
-    for (int i = 0; i < kd; i++) df_session_keep(s, n_hist + i);
+    /* every drafted row may be the last one kept; a session that keeps few
+     * positions (recurrent state) keeps the first ones and recomputes the
+     * rest of an accepted run */
+    int keep = df_session_keep_limit(s) - 1;
+    for (int i = 0; i < kd && i < keep; i++) df_session_keep(s, n_hist + i);
     if ((rc = df_session_eval(s, sp->ctx + n_hist - 1, kd + 1, sp->rows, 1, err))) return rc;
     int32_t next = 0;
     int acc = verify(sp, smp, n_hist, kd, &next);
-    if (acc < kd && df_session_rollback(s, n_hist + acc, err) != n_hist + acc)
-        return df_fail(err, DF_ERR_ARG, "speculative: cannot roll the session back to %d", n_hist + acc);
+    if (acc < kd) {
+        int at = df_session_rollback(s, n_hist + acc, err);
+        if (at < 0) return err->code;
+        if (at < n_hist + acc && (rc = df_session_eval(s, sp->ctx + at, n_hist + acc - at, NULL, 0, err)))
+            return rc;
+    }
     if (sp->dsess && sp->dn > n_hist + acc) {
         if ((sp->dn = df_session_rollback(sp->dsess, n_hist + acc, err)) < 0) {
             sp->dn = 0;

@@ -164,7 +164,7 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
     for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
     for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
         add_stop(e, df_tokenizer_find(e->tok, *st));
-    e->chat = df_chat_template_for(c->arch->chat, df_tokenizer_chat_template(e->tok));
+    e->chat = df_chat_template_for_tokenizer(c->arch->chat, e->tok);
     e->pool = df_pool_new(nt);
     fill_info(e, isa, nt);
     *out = e;

@@ -139,3 +139,73 @@ void df_engine_inspect(const df_engine *e, FILE *f) {
     }
 }
 
+
+/* ---- from config.json alone ---------------------------------------------------------------- */
+
+static void line_bytes(FILE *f, const char *what, uint64_t b) {
+    char s[32];
+    df_fmt_bytes_iec(s, sizeof s, b);
+    if (b >= 1000000000ULL) fprintf(f, "%-21s %s (%.1f GB)\n", what, s, (double)b / 1e9);
+    else fprintf(f, "%-21s %s (%llu B)\n", what, s, (unsigned long long)b);
+}
+
+/* The expected decode speed: experts are read from the drives except the
+ * share a cache of what RAM leaves holds. Routing is taken as uniform (each
+ * expert as likely as another), so the cache's hit rate is its share of all
+ * experts: real routing is skewed and does better, so this is a floor. */
+static void plan_speed(FILE *f, const df_config *c, const df_plan *p, uint64_t ram, double gbps) {
+    int moe = df_config_moe_layers(c);
+    uint64_t routed = (uint64_t)c->num_experts * (uint64_t)moe * p->expert;
+    uint64_t per_token = (uint64_t)c->num_experts_per_tok * (uint64_t)moe * p->expert;
+    const int ctx = 4096;
+    uint64_t state = p->state_fixed + (uint64_t)ctx * p->state_per_token, margin = (uint64_t)2 << 30;
+    if (!ram) return;
+    if (ram < p->active + state + margin) {
+        fprintf(f, "expected              does not fit: the always-active weights, a %d-token sequence and 2 GiB "
+                   "of working memory need more than --ram\n", ctx);
+        return;
+    }
+    uint64_t cache = ram - p->active - state - margin;
+    double hit = routed ? (double)cache / (double)routed : 1.0;
+    if (hit > 1.0) hit = 1.0;
+    double missed = (1.0 - hit) * (double)per_token;
+    line_bytes(f, "expert cache", cache < routed ? cache : routed);
+    fprintf(f, "cache hit rate        %.1f%% (uniform routing: a floor; real routing is skewed)\n", 100.0 * hit);
+    line_bytes(f, "missed per token", (uint64_t)missed);
+    if (gbps <= 0) return;
+    if (missed <= 0) fprintf(f, "expected              every expert in RAM: decode is bound by memory, not drives\n");
+    else fprintf(f, "expected              %.3f tokens/s at %.2f GB/s (drive bound: bandwidth / bytes missed)\n",
+                 gbps * 1e9 / missed, gbps);
+}
+
+int df_inspect_config(const char *dir, uint64_t ram, double gbps, FILE *f, df_error *err) {
+    df_config c;
+    df_quant *q = NULL;
+    int rc = df_config_load_dir(&c, dir, err);
+    if (rc || (rc = df_quant_load_dir(&q, dir, err))) return rc;
+    df_plan p = {0};
+    if (!c.arch->plan) {
+        df_quant_free(q);
+        return df_fail(err, DF_ERR_UNSUPPORTED, "%s: inspect --config-only does not know the sizes of model_type "
+                       "'%s' (open the checkpoint instead)", dir, c.model_type);
+    }
+    if ((rc = c.arch->plan(&c, q, &p, err))) {
+        df_quant_free(q);
+        return rc;
+    }
+    int moe = df_config_moe_layers(&c);
+    fprintf(f, "architecture          %s\n", c.model_type);
+    fprintf(f, "weights               %s\n", q ? df_quant_describe(q) : "unquantized");
+    line_bytes(f, "always-active", p.active);
+    line_bytes(f, "one routed expert", p.expert);
+    line_bytes(f, "routed experts", (uint64_t)c.num_experts * (uint64_t)moe * p.expert);
+    char what[64];
+    snprintf(what, sizeof what, "expert bytes/token"); /* the worst case: every expert distinct */
+    line_bytes(f, what, (uint64_t)c.num_experts_per_tok * (uint64_t)moe * p.expert);
+    fprintf(f, "                      (%d experts x %d MoE layers)\n", c.num_experts_per_tok, moe);
+    line_bytes(f, "state per sequence", p.state_fixed);
+    fprintf(f, "state per token       %llu B\n", (unsigned long long)p.state_per_token);
+    plan_speed(f, &c, &p, ram, gbps);
+    df_quant_free(q);
+    return DF_OK;
+}

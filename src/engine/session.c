@@ -6,6 +6,7 @@
  */
 #include "engine/internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 /* ---- sessions ------------------------------------------------------------------ */
@@ -69,6 +70,7 @@ static void on_layer(void *user, int layer, int n_layers, int rows) {
 }
 
 void df_session_keep(df_session *s, int pos) { df_seq_keep(s->seq, pos); }
+int df_session_keep_limit(const df_session *s) { return s->seq->positional ? INT_MAX : s->seq->max_keep; }
 
 int df_session_rollback(df_session *s, int pos, df_error *err) {
     if (pos < 0 || pos > s->seq->pos) {
@@ -108,7 +110,9 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         s->fwd.on_layer = s->progress ? on_layer : NULL;
         s->fwd.layer_user = &pc;
         int rc = df_forward(&s->fwd, &b, lg, all_rows != 0, err);
-        if (rc) return rc; /* the position stays: the chunk can be evaluated again */
+        /* the position stays (a recurrent state goes back to a kept one):
+         * the chunk can be evaluated again */
+        if (rc) return rc;
         memcpy(s->tokens + pos[0], tokens + done, sizeof(int32_t) * (size_t)T);
         done += T;
         s->eng->replay_next += (uint64_t)T; /* only once the rows are in: a retry replays the same */

@@ -9,9 +9,10 @@
 
 extern const df_arch df_arch_qwen3, df_arch_qwen3_moe;
 extern const df_arch df_arch_deepseek_v2, df_arch_deepseek_v3, df_arch_kimi_k2;
+extern const df_arch df_arch_kimi_linear, df_arch_kimi_k3;
 
 static const df_arch *const TABLE[] = {&df_arch_qwen3, &df_arch_qwen3_moe, &df_arch_deepseek_v2, &df_arch_deepseek_v3,
-                                       &df_arch_kimi_k2};
+                                       &df_arch_kimi_k2, &df_arch_kimi_linear, &df_arch_kimi_k3};
 
 #define N_ARCH (sizeof TABLE / sizeof TABLE[0])
 

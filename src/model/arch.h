@@ -18,6 +18,14 @@
 #include <stdio.h>
 
 struct df_cfg_ctx;
+struct df_quant;
+
+/* A model's sizes from its config alone, as shipped (inspect --config-only):
+ * always-active bytes, one routed expert's bytes, one sequence's fixed state
+ * and its state per token. */
+typedef struct df_plan {
+    uint64_t active, expert, state_fixed, state_per_token;
+} df_plan;
 
 typedef struct df_arch {
     const char *model_type;          /* config.json's model_type */
@@ -50,6 +58,9 @@ typedef struct df_arch {
     df_chat_template_fn chat;
     /* The family's lines of `deltafin inspect`. */
     void (*inspect)(const df_model *m, FILE *f);
+    /* Sizes from config.json and its quantization_config alone (NULL: the
+     * family does not say). */
+    int (*plan)(const df_config *c, const struct df_quant *q, df_plan *p, df_error *err);
 } df_arch;
 
 /* The entry for a model_type, or NULL. */

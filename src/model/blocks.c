@@ -237,6 +237,7 @@ typedef struct {
     const float *x;
     float *hg, *hu;
     int n;
+    const df_act *act;
 } gate_up_ctx;
 
 /* Gate and up rows [r0, r1) and their SiLU product, in one dispatch: a
@@ -250,15 +251,21 @@ static void gate_up_rows(void *vctx, int r0, int r1) {
     for (int t = 0; t < c->n; t++)
         for (int r = r0; r < r1; r++) {
             size_t i = (size_t)t * I + r;
-            c->hg[i] = df_silu(c->hg[i]) * c->hu[i];
+            c->hg[i] = df_glu(c->act, c->hg[i], c->hu[i]);
         }
+}
+
+void df_gated_mlp(df_pool *p, const df_act *act, const df_wview *gate, const df_wview *up, const df_wview *down,
+                  const float *x, float *y, float *hg, float *hu, int n) {
+    gate_up_ctx c = {gate, up, x, hg, hu, n, act};
+    df_pool_for(p, gate->rows, 16, gate_up_rows, &c);
+    df_matmul(p, y, down->rows, hg, down->cols, down, n);
 }
 
 void df_swiglu(df_pool *p, const df_wview *gate, const df_wview *up, const df_wview *down, const float *x,
                float *y, float *hg, float *hu, int n) {
-    gate_up_ctx c = {gate, up, x, hg, hu, n};
-    df_pool_for(p, gate->rows, 16, gate_up_rows, &c);
-    df_matmul(p, y, down->rows, hg, down->cols, down, n);
+    static const df_act SILU = {DF_ACT_SILU, 0, 0};
+    df_gated_mlp(p, &SILU, gate, up, down, x, y, hg, hu, n);
 }
 
 /* ---- mixture of experts -------------------------------------------------------------- */
@@ -387,7 +394,7 @@ static void job_gate_up(void *vctx, int begin, int end) {
         for (int t = 0; t < c->n[j]; t++)
             for (int r = r0; r < r1; r++) {
                 size_t k = (size_t)t * I + r;
-                hg[k] = df_silu(hg[k]) * hu[k];
+                hg[k] = df_glu(&c->mw->act, hg[k], hu[k]);
             }
         i += r1 - r0;
     }

@@ -102,11 +102,60 @@ uint64_t df_mla_work_bytes(const df_mla *a, int rows, int max_ctx);
 void df_mla_attend(df_pool *p, const df_batch *b, int li, const df_mla *a, const df_weight *kv_b,
                    const float *q, float *out, df_mla_work *w);
 
+/* ---- Kimi Delta Attention (kda.c) ---------------------------------------------------- */
+
+/* nh heads of dk key and dk value channels (C = nh * dk). Per row and head:
+ * q, k, v through a causal depthwise convolution of `kernel` taps and SiLU;
+ * q and k L2-normalised (x rsqrt(sum x^2 + 1e-6)), q times 1/sqrt(dk); a
+ * log-decay g per key channel from graw + dt_bias: lower_bound *
+ * sigmoid(a x), or -a softplus(x), with a = exp(A_log) per head or per key
+ * channel (shared by the heads); beta = sigmoid(braw); then
+ *   S = diag(exp(g)) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
+ * and the head's output RMSNorm(o, o_norm, eps) * sigmoid(gate). */
+typedef struct df_kda {
+    int nh, dk, kernel;
+    bool lower_bound_form;
+    float lower_bound;
+    bool a_per_channel;
+    const float *a;         /* exp(A_log): [nh], or [dk] when a_per_channel */
+    const float *dt_bias;   /* [C] */
+    const float *conv[3];   /* q, k, v: [C][kernel] */
+    const float *o_norm;    /* [dk] */
+    float eps;
+} df_kda;
+
+/* Floats of one sequence's state for one layer (model/state.h df_rec_state). */
+size_t df_kda_state_floats(const df_kda *k);
+/* Every row of the batch through layer li's recurrence, in row order per
+ * sequence (each row's sequence holds a df_rec_state at layer li). q, k, v,
+ * graw, gate [T][C] (projections of the rows' inputs), braw [T][nh]; out
+ * [T][C]. Snapshots the state after each row whose next position the
+ * sequence keeps. */
+void df_kda_rows(df_pool *p, const df_batch *b, int li, const df_kda *k, const float *q, const float *kk,
+                 const float *v, const float *graw, const float *braw, const float *gate, float *out);
+
 /* ---- feed-forward ------------------------------------------------------------------- */
+
+/* A gated MLP's activation: silu(g) * u, or SiTU (Kimi K3):
+ * (beta tanh(g/beta) sigmoid(g)) * (lbeta tanh(u/lbeta)), in float. */
+typedef struct df_act {
+    df_act_kind kind;
+    float beta, lbeta;
+} df_act;
+
+static inline df_act df_act_of(const df_config *c) { return (df_act){c->act, c->act_beta, c->act_lbeta}; }
+static inline float df_glu(const df_act *a, float g, float u) {
+    if (a->kind == DF_ACT_SILU) return df_silu(g) * u;
+    float sg = a->beta * tanhf(g / a->beta) * (1.0f / (1.0f + expf(-g)));
+    return sg * (a->lbeta * tanhf(u / a->lbeta));
+}
 
 /* down(silu(gate x) * up x) over n rows: hg, hu [n][gate.rows] scratch. */
 void df_swiglu(df_pool *p, const df_wview *gate, const df_wview *up, const df_wview *down, const float *x,
                float *y, float *hg, float *hu, int n);
+/* The same with activation act. */
+void df_gated_mlp(df_pool *p, const df_act *act, const df_wview *gate, const df_wview *up, const df_wview *down,
+                  const float *x, float *y, float *hg, float *hu, int n);
 
 /* ---- mixture of experts -------------------------------------------------------------- */
 
@@ -137,6 +186,7 @@ void df_route_scored(const df_router *r, const float *logits, const float *bias,
  * (top-K) of inner width I; the family's router fills sel/selw. */
 typedef struct df_moe_work {
     int rows, H, E, K, I;
+    df_act act;          /* the experts' activation (silu unless set) */
     int *sel;            /* [rows][K] expert ids */
     float *selw;         /* [rows][K] routing weights */
     float *xg, *yg;      /* [rows][H] rows gathered for a job of experts, their outputs */

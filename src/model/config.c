@@ -229,9 +229,10 @@ static int parse_config(df_config *c, json_t *root, const df_cfg_ctx *p) {
     if ((rc = df_cfg_str(p, root, "model_type", true, &s))) return rc;
     /* A multimodal wrapper (Kimi K2.5 style): the text model's config is its
      * text_config and its tensors carry the language_model. prefix; the
-     * vision tower is not used. */
+     * vision tower is not used. (Kimi K3's wrapper is model_type kimi_k3
+     * around a text_config: a known type without its own hidden_size.) */
     json_t *text = df_cfg_field(root, "text_config");
-    if (text && !df_arch_find(s)) {
+    if (text && (!df_arch_find(s) || !df_cfg_field(root, "hidden_size"))) {
         if (!json_is_object(text))
             return df_fail(p->err, DF_ERR_FORMAT, "%s: field 'text_config' must be an object", p->path);
         df_cfg_ctx tp = {p->path, "text_config.", p->err};

@@ -31,6 +31,8 @@ typedef enum df_topk_method {
     DF_TOPK_NOAUX_TC            /* score + correction bias, groups by top-2 sum */
 } df_topk_method;
 
+typedef enum df_act_kind { DF_ACT_SILU = 0, DF_ACT_SITU } df_act_kind;
+
 typedef struct df_config {
     const struct df_arch *arch; /* the architecture table entry of model_type */
     char model_type[32];
@@ -74,6 +76,24 @@ typedef struct df_config {
     /* multi-head latent attention (0 kv_lora_rank: none) */
     int q_lora_rank;            /* 0: a plain q_proj */
     int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+
+    /* Activation of gated MLPs and experts: silu(g) * u, or Kimi K3's SiTU
+     * (beta tanh(g/beta) sigmoid(g)) * (lbeta tanh(u/lbeta)) */
+    df_act_kind act;
+    float act_beta, act_lbeta;
+    /* routed experts in a latent width (0: the hidden width), and whether
+     * their weighted sum is RMS-normalised before the up projection */
+    int moe_latent_size;
+    bool moe_latent_norm;
+
+    /* linear-attention layers (Kimi Delta Attention; 0 heads: none) */
+    bool layer_is_linear[DF_MAX_LAYERS];
+    int linear_heads, linear_head_dim, linear_conv;
+    bool linear_lower_bound_form;   /* g = lb sigmoid(...), else -a softplus(...) */
+    float linear_lower_bound;
+    bool linear_full_rank_gate;     /* g_proj, else g_a_proj/g_b_proj */
+    bool mla_nope, mla_output_gate; /* MLA without rotary; sigmoid(g_proj x) gate */
+    int attn_res_block;             /* attention residuals' depth block (0: plain residual) */
 
     /* Prefix of the text model's tensor names: "" or, for a multimodal
      * wrapper whose config.json has a text_config, "language_model." */

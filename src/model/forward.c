@@ -2,7 +2,9 @@
  * forward.c - df_forward: checks that a batch is well formed (each sequence's
  * rows are its next positions, in order), runs the architecture's forward
  * pass, and advances the sequences once it succeeded (a failed pass leaves
- * them where they were, so the same rows can be evaluated again).
+ * them where they were, so the same rows can be evaluated again; a sequence
+ * with recurrent state, which the pass may have partly advanced, goes back
+ * to its latest kept position, or to the start).
  */
 #include "model/forward.h"
 
@@ -21,7 +23,12 @@ int df_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_er
                            i, b->pos[i], b->seq[i]->pos, before, b->seq[i]->max_ctx);
     }
     int rc = f->m->cfg.arch->forward(f, b, logits, all_rows, err);
-    if (rc) return rc;
+    if (rc) {
+        /* positional states stay; a recurrent one goes back to a kept position */
+        for (int i = 0; i < b->n; i++)
+            if (!b->seq[i]->positional) df_seq_recover(b->seq[i]);
+        return rc;
+    }
     for (int i = 0; i < b->n; i++) b->seq[i]->pos++;
     return DF_OK;
 }

@@ -99,6 +99,29 @@ int df_model_vector(df_model *m, float **out, const char *name, int n, df_error 
     return DF_OK;
 }
 
+int df_model_array(df_model *m, float **out, const char *name, int ndim, const int64_t *shape, df_error *err) {
+    const df_tensor *t = NULL;
+    int rc = find(m, name, &t, err);
+    if (rc) return rc;
+    bool ok = t->ndim == ndim;
+    size_t n = 1;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i], n *= (size_t)shape[i];
+    if (!ok) {
+        char got[128], want[128];
+        size_t o = 0;
+        shape_str(t, got, sizeof got);
+        o += (size_t)snprintf(want + o, sizeof want - o, "[");
+        for (int i = 0; i < ndim && o < sizeof want; i++)
+            o += (size_t)snprintf(want + o, sizeof want - o, "%s%lld", i ? "," : "", (long long)shape[i]);
+        if (o < sizeof want) snprintf(want + o, sizeof want - o, "]");
+        return df_fail(err, DF_ERR_SHAPE, "%s: tensor '%s' has shape %s but config.json implies %s",
+                       df_st_file_path(m->st, t->file), name, got, want);
+    }
+    *out = df_xmalloc(sizeof(float) * (n ? n : 1));
+    df_to_f32(*out, t->data, t->dtype, n);
+    return DF_OK;
+}
+
 int df_model_check_experts(df_model *m, const int *rows, const int *cols, df_error *err) {
     df_expert_inventory *inv = &m->experts;
     const df_expert_layout *xl = inv->layout;

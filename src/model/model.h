@@ -79,6 +79,9 @@ int df_model_param(df_model *m, df_weight *w, const char *name, int rows, int co
                    df_error *err);
 /* Vector `name` of n elements, widened to a malloc'ed F32 copy (exact). */
 int df_model_vector(df_model *m, float **out, const char *name, int n, df_error *err);
+/* A parameter tensor of exactly `shape` (ndim dimensions), widened to a
+ * malloc'ed F32 copy (exact): convolution kernels, per-head constants. */
+int df_model_array(df_model *m, float **out, const char *name, int ndim, const int64_t *shape, df_error *err);
 /* Checks every routed expert against the shapes the family expects: matrix k
  * (DF_XM_GATE, DF_XM_UP, DF_XM_DOWN) of every expert is [rows[k]][cols[k]],
  * in the inventory's format with its companion tensors as model/quant.h says. */

@@ -489,3 +489,13 @@ int df_quant_check_scales(const df_st *st, const df_tensor *t, df_wfmt fmt, cons
     }
     return DF_OK;
 }
+
+uint64_t df_quant_matrix_bytes(df_qkind kind, int rows, int cols) {
+    uint64_t r = (uint64_t)rows, c = (uint64_t)cols;
+    switch (kind) {
+    case DF_Q_FP8: return r * c + ((r + 127) / 128) * ((c + 127) / 128) * 4;
+    case DF_Q_INT4: return r * c / 2 + r * ((c + 31) / 32) * 2 + 8; /* BF16 scales, I32 [2] shape */
+    case DF_Q_MXFP4: return r * c / 2 + r * ((c + 31) / 32);
+    default: return r * c * 2;
+    }
+}

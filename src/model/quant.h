@@ -48,6 +48,10 @@ const char *df_qkind_name(df_qkind k);
  * target it. */
 int df_quant_kind(const df_quant *q, const char *module, bool linear, df_qkind *out, df_error *err);
 
+/* Bytes of a [rows][cols] matrix stored as `kind` (BF16 when DF_Q_NONE),
+ * its scales and shape companion included: sizes from a config alone. */
+uint64_t df_quant_matrix_bytes(df_qkind kind, int rows, int cols);
+
 /* A weight's stored tensors as the config says they are shipped. */
 typedef struct df_qweight {
     df_qkind kind;

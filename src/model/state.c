@@ -108,6 +108,110 @@ int df_latent_state_new(df_lstate **out, int max_ctx, int dim, df_error *err) {
     return DF_OK;
 }
 
+/* ---- recurrent state ---------------------------------------------------------- */
+
+static uint64_t rec_bytes(const df_lstate *s) {
+    const df_rec_state *r = (const df_rec_state *)s;
+    return df_rec_state_bytes(r->n, r->max_snap);
+}
+
+static int rec_find(const df_rec_state *r, int pos) {
+    for (int i = 0; i < r->n_snap; i++)
+        if (r->snap_pos[i] == pos) return i;
+    return -1;
+}
+
+static void rec_drop(df_rec_state *r, int i) {
+    float *buf = r->snap[i];
+    /* keep the buffer for reuse at the end of the array */
+    memmove(r->snap_pos + i, r->snap_pos + i + 1, sizeof(int) * (size_t)(r->n_snap - i - 1));
+    memmove(r->snap + i, r->snap + i + 1, sizeof(float *) * (size_t)(r->n_snap - i - 1));
+    r->n_snap--;
+    r->snap[r->n_snap] = buf;
+}
+
+static bool seq_keeps(const df_seq *s, int pos) {
+    for (int i = 0; i < s->n_keep; i++)
+        if (s->keep[i] == pos) return true;
+    return false;
+}
+
+float *df_rec_prepare(df_lstate *st, const df_seq *s, int pos) {
+    df_rec_state *r = df_rec_of(st);
+    if (!seq_keeps(s, pos)) return NULL;
+    for (int i = r->n_snap - 1; i >= 0; i--)
+        if (r->snap_pos[i] != pos && !seq_keeps(s, r->snap_pos[i])) rec_drop(r, i);
+    int i = rec_find(r, pos);
+    if (i < 0) {
+        if (r->n_snap == r->max_snap) rec_drop(r, 0); /* the sequence keeps at most max_snap */
+        i = r->n_snap++;
+        r->snap_pos[i] = pos;
+        if (!r->snap[i]) r->snap[i] = df_aligned_alloc(sizeof(float) * r->n);
+    }
+    return r->snap[i];
+}
+
+float *df_rec_slot(df_lstate *st, int pos) {
+    df_rec_state *r = df_rec_of(st);
+    int i = rec_find(r, pos);
+    return i < 0 ? NULL : r->snap[i];
+}
+
+/* The whole state at once (a layer that fills slots part by part uses
+ * df_rec_prepare and df_rec_slot instead). */
+static int rec_snapshot(df_lstate *s, int pos, df_error *err) {
+    df_rec_state *r = df_rec_of(s);
+    int i = rec_find(r, pos);
+    if (i < 0) {
+        if (r->n_snap == r->max_snap) return df_fail(err, DF_ERR_ARG, "recurrent state: no snapshot slot left");
+        i = r->n_snap++;
+        r->snap_pos[i] = pos;
+        if (!r->snap[i]) r->snap[i] = df_aligned_alloc(sizeof(float) * r->n);
+    }
+    memcpy(r->snap[i], r->data, sizeof(float) * r->n);
+    return DF_OK;
+}
+
+static int rec_rollback(df_lstate *s, int pos, df_error *err) {
+    df_rec_state *r = df_rec_of(s);
+    for (int i = r->n_snap - 1; i >= 0; i--)
+        if (r->snap_pos[i] > pos) rec_drop(r, i);
+    if (pos == 0) {
+        memset(r->data, 0, sizeof(float) * r->n);
+        return DF_OK;
+    }
+    int i = rec_find(r, pos);
+    if (i < 0) return df_fail(err, DF_ERR_ARG, "recurrent state: no snapshot at position %d", pos);
+    memcpy(r->data, r->snap[i], sizeof(float) * r->n);
+    return DF_OK;
+}
+
+static void rec_free(df_lstate *s) {
+    df_rec_state *r = df_rec_of(s);
+    for (int i = 0; i < r->max_snap; i++) free(r->snap[i]);
+    free(r->snap), free(r->snap_pos), free(r->data), free(r);
+}
+
+static const df_lstate_ops REC_OPS = {"recurrent", false, rec_bytes, NULL, rec_snapshot, rec_rollback, rec_free};
+
+uint64_t df_rec_state_bytes(size_t n, int max_snap) {
+    return sizeof(float) * (uint64_t)n * (1 + (uint64_t)(max_snap > 0 ? max_snap : 0));
+}
+
+int df_rec_state_new(df_lstate **out, size_t n, int max_snap, df_error *err) {
+    (void)err;
+    df_rec_state *r = df_xcalloc(1, sizeof *r);
+    r->base.ops = &REC_OPS;
+    r->n = n;
+    r->data = df_aligned_alloc(sizeof(float) * (n ? n : 1));
+    memset(r->data, 0, sizeof(float) * n);
+    r->max_snap = max_snap;
+    r->snap_pos = df_xcalloc((size_t)(max_snap > 0 ? max_snap : 1), sizeof(int));
+    r->snap = df_xcalloc((size_t)(max_snap > 0 ? max_snap : 1), sizeof(float *));
+    *out = &r->base;
+    return DF_OK;
+}
+
 /* ---- one sequence -------------------------------------------------------------- */
 
 df_seq *df_seq_new(int n_layers, int max_ctx) {
@@ -116,6 +220,7 @@ df_seq *df_seq_new(int n_layers, int max_ctx) {
     s->layer = df_xcalloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof(df_lstate *));
     s->max_ctx = max_ctx;
     s->positional = true;
+    s->max_keep = DF_SEQ_MAX_KEEP;
     return s;
 }
 
@@ -146,8 +251,15 @@ void df_seq_keep(df_seq *s, int pos) {
     if (s->positional || pos <= 0) return;
     for (int i = 0; i < s->n_keep; i++)
         if (s->keep[i] == pos) return;
-    if (s->n_keep == DF_SEQ_MAX_KEEP) {
-        memmove(s->keep, s->keep + 1, sizeof(int) * (DF_SEQ_MAX_KEEP - 1));
+    if (s->n_keep >= s->max_keep) {
+        if (s->max_keep <= 0) return;
+        /* forget the oldest request, but not the earliest position (a prompt
+         * prefix later requests may share) while another can go */
+        int first = 0, drop = 0;
+        for (int i = 1; i < s->n_keep; i++)
+            if (s->keep[i] < s->keep[first]) first = i;
+        if (first == 0 && s->n_keep > 1) drop = 1;
+        memmove(s->keep + drop, s->keep + drop + 1, sizeof(int) * (size_t)(s->n_keep - drop - 1));
         s->n_keep--;
     }
     s->keep[s->n_keep++] = pos;
@@ -185,4 +297,30 @@ int df_seq_rollback(df_seq *s, int pos, df_error *err) {
         if (s->keep[i] <= pos) s->keep[k++] = s->keep[i];
     s->n_keep = k;
     return DF_OK;
+}
+
+/* Whether every recurrent layer holds a snapshot of pos. */
+static bool seq_has_snapshots(const df_seq *s, int pos) {
+    for (int i = 0; i < s->n_layers; i++)
+        if (s->layer[i] && !s->layer[i]->ops->positional && !df_rec_slot(s->layer[i], pos)) return false;
+    return true;
+}
+
+int df_seq_recover(df_seq *s) {
+    if (s->positional) return s->pos;
+    /* the state itself is not trusted: the latest kept position with a
+     * snapshot in every layer, else the start */
+    int at = 0;
+    for (int i = 0; i < s->n_keep; i++)
+        if (s->keep[i] <= s->pos && s->keep[i] > at && seq_has_snapshots(s, s->keep[i])) at = s->keep[i];
+    for (int i = 0; i < s->n_layers; i++) {
+        df_error e;
+        if (s->layer[i]) s->layer[i]->ops->rollback(s->layer[i], at, &e);
+    }
+    s->pos = at;
+    int k = 0;
+    for (int i = 0; i < s->n_keep; i++)
+        if (s->keep[i] <= at) s->keep[k++] = s->keep[i];
+    s->n_keep = k;
+    return at;
 }

@@ -71,6 +71,28 @@ uint64_t df_latent_state_bytes(int max_ctx, int dim);
 int df_latent_state_new(df_lstate **out, int max_ctx, int dim, df_error *err);
 static inline const df_latent_state *df_latent_of(const df_lstate *s) { return (const df_latent_state *)s; }
 
+/* ---- recurrent state (linear attention) --------------------------------------- */
+
+/* A fixed block of F32 values that a layer rewrites every row (Kimi Delta
+ * Attention: per head a key x value matrix, then the short convolutions'
+ * windows), and copies of it at kept positions. Snapshot slots are taken
+ * for the positions the sequence keeps (df_seq_keep), at most max_snap;
+ * the layer fills a slot when the state has absorbed the rows before its
+ * position, possibly part by part (one head at a time). bytes() counts
+ * every slot, filled or not, so the RAM budget holds the worst case. */
+typedef struct df_rec_state {
+    df_lstate base;
+    size_t n;               /* floats in the state */
+    float *data;            /* [n]; zero: the state before the first row */
+    int max_snap, n_snap;
+    int *snap_pos;          /* [max_snap] */
+    float **snap;           /* [max_snap][n], allocated on first use */
+} df_rec_state;
+
+uint64_t df_rec_state_bytes(size_t n, int max_snap);
+int df_rec_state_new(df_lstate **out, size_t n, int max_snap, df_error *err);
+static inline df_rec_state *df_rec_of(df_lstate *s) { return (df_rec_state *)s; }
+
 /* ---- one sequence -------------------------------------------------------------- */
 
 #define DF_SEQ_MAX_KEEP 64
@@ -84,6 +106,7 @@ typedef struct df_seq {
     /* positions a rollback may return to (beyond 0), for non-positional states */
     int keep[DF_SEQ_MAX_KEEP];
     int n_keep;
+    int max_keep;               /* <= DF_SEQ_MAX_KEEP: a recurrent state's snapshot slots */
 } df_seq;
 
 /* An empty sequence of n_layers layers (states added by the architecture). */
@@ -93,8 +116,9 @@ void df_seq_set(df_seq *s, int li, df_lstate *st);
 void df_seq_free(df_seq *s);
 uint64_t df_seq_bytes(const df_seq *s);
 /* Asks to be able to roll back to pos (> the current position). Positional
- * sequences need nothing; others keep at most DF_SEQ_MAX_KEEP positions (the
- * oldest dropped). */
+ * sequences need nothing; others keep at most max_keep positions (beyond, the
+ * oldest request is dropped, but not the earliest position while another can
+ * go: a shared prompt prefix outlives speculative decoding's keeps). */
 void df_seq_keep(df_seq *s, int pos);
 /* Whether the forward pass must snapshot the non-positional states when they
  * have absorbed the rows before pos. */
@@ -103,5 +127,17 @@ bool df_seq_wants_snapshot(const df_seq *s, int pos);
 int df_seq_restorable(const df_seq *s, int pos);
 /* Back to the state after the first pos rows (pos must be restorable). */
 int df_seq_rollback(df_seq *s, int pos, df_error *err);
+/* After a forward pass failed part way: a recurrent state may have absorbed
+ * some of its rows, so the sequence goes back to the nearest restorable
+ * position at or before its own (positional states stay where they are).
+ * Returns the position it is at. */
+int df_seq_recover(df_seq *s);
+/* The slot of recurrent state st for position pos, prepared (taken, or
+ * reused) when the sequence keeps pos; NULL when it does not. Called before
+ * the rows that pass pos are evaluated; slots of positions the sequence no
+ * longer keeps are released first. */
+float *df_rec_prepare(df_lstate *st, const df_seq *s, int pos);
+/* The prepared slot of pos, or NULL. */
+float *df_rec_slot(df_lstate *st, int pos);
 
 #endif

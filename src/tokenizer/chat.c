@@ -17,7 +17,8 @@
  * Python's str.strip('\n') family strips newlines only; the helpers below do the
  * same on byte ranges.
  *
- * DeepSeek-V3 / R1 and Kimi K2 follow below, each described where it is rendered.
+ * DeepSeek-V3 / R1, Kimi K2 (also Kimi-Linear's) and Kimi K3 follow below, each
+ * described where it is rendered.
  *
  * Rendering also records where message content lies in the text, so that
  * df_chat_tokenize_with can encode content with special tokens as plain text:
@@ -306,6 +307,117 @@ static void render_kimi(sbuf *b, const df_chat_msg *msgs, int n, int add_generat
 }
 
 /* ------------------------------------------------------------------------ */
+/* Kimi K3 ("XTML")                                                         */
+
+/* Elements are <|open|>TAG ATTRS<|sep|> ... <|close|>TAG<|sep|>; a message is a
+ * "message" element followed by <|end_of_msg|> (ARCHITECTURES.md 4.8):
+ *
+ *   <|open|>message role="user"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>
+ *
+ * system and user messages are that, in the conversation's order. Where the
+ * notes are silent, this follows the K3 release's encoding_k3.py as several
+ * independent ports of it agree:
+ *   - with thinking on, a system message of type="thinking-effort" comes first,
+ *     its text below (it names `medium` though the model takes low/high/max);
+ *     with thinking off there is none;
+ *   - an assistant message is <|open|>message role="assistant"<|sep|>, then with
+ *     thinking on an empty <|open|>think<|sep|><|close|>think<|sep|> (the
+ *     release writes a think element in every assistant message when thinking
+ *     is on, empty when the message carries no reasoning_content, which
+ *     df_chat_msg has no field for), then the content inside
+ *     <|open|>response<|sep|>...<|close|>response<|sep|>, then the message's
+ *     close. The content goes in verbatim, as plain text: a client that sends
+ *     back a raw reply with its own markers gets them as characters;
+ *   - tool messages carry tool="NAME" index="N" attributes; df_chat_msg has no
+ *     tool name, so a tool message is refused rather than rendered without one.
+ * Attribute values are escaped as encoding_k3.py does (& and " only); every
+ * value this template writes is its own (roles, the message type). The
+ * generation prompt opens the assistant message and its first element: think
+ * when thinking is on, response when off. No BOS. */
+#define K3_OPEN "<|open|>"
+#define K3_CLOSE "<|close|>"
+#define K3_SEP "<|sep|>"
+#define K3_EOM "<|end_of_msg|>"
+#define K3_EFFORT_TEXT                                                                                   \
+    "`thinking_effort` guides on how much to think in your thinking channel (not including the "     \
+    "response channel), supported values include `low`, `medium`, `high`, and `max`.\n"              \
+    "Now the system is invoked with `thinking_effort="
+
+char *df_chat_xtml_escape(const char *value) {
+    sbuf b = {0};
+    put(&b, "", 0);
+    for (const char *p = value; *p; p++) {
+        if (*p == '&') puts_(&b, "&amp;");
+        else if (*p == '"') puts_(&b, "&quot;");
+        else put(&b, p, 1);
+    }
+    return b.p;
+}
+
+/* <|open|>message role="ROLE"[ type="TYPE"]<|sep|> */
+static void k3_open_message(sbuf *b, const char *role, const char *type) {
+    char *v = df_chat_xtml_escape(role);
+    puts_(b, K3_OPEN "message role=\"");
+    puts_(b, v);
+    free(v);
+    if (type) {
+        v = df_chat_xtml_escape(type);
+        puts_(b, "\" type=\"");
+        puts_(b, v);
+        free(v);
+    }
+    puts_(b, "\"" K3_SEP);
+}
+
+/* effort: NULL when thinking is off. */
+static void render_kimi_k3(sbuf *b, const df_chat_msg *msgs, int n, int add_generation_prompt,
+                           const char *effort) {
+    put(b, "", 0);
+    if (effort) {
+        k3_open_message(b, "system", "thinking-effort");
+        puts_(b, K3_EFFORT_TEXT);
+        puts_(b, effort);
+        puts_(b, "`." K3_CLOSE "message" K3_SEP K3_EOM);
+    }
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role, *text = msgs[i].content;
+        bool assistant = strcmp(role, "assistant") == 0;
+        k3_open_message(b, role, NULL);
+        if (assistant && effort) puts_(b, K3_OPEN "think" K3_SEP K3_CLOSE "think" K3_SEP);
+        if (assistant) puts_(b, K3_OPEN "response" K3_SEP);
+        put_content(b, text, strlen(text));
+        if (assistant) puts_(b, K3_CLOSE "response" K3_SEP);
+        puts_(b, K3_CLOSE "message" K3_SEP K3_EOM);
+    }
+    if (add_generation_prompt) {
+        k3_open_message(b, "assistant", NULL);
+        puts_(b, effort ? K3_OPEN "think" K3_SEP : K3_OPEN "response" K3_SEP);
+    }
+}
+
+/* The effort enable_thinking asks for (deltafin.h: DF_THINK_*), NULL when off. */
+static int k3_effort(int enable_thinking, const char **effort, df_error *err) {
+    static const char *const name[] = {NULL, "max", "low", "high", "max"};
+    if (enable_thinking < DF_THINK_OFF || enable_thinking > DF_THINK_MAX)
+        return df_fail(err, DF_ERR_ARG,
+                       "chat template: Kimi K3: enable_thinking %d is not a thinking effort (0 off, 1 on "
+                       "at max, 2 low, 3 high, 4 max)",
+                       enable_thinking);
+    *effort = name[enable_thinking];
+    return DF_OK;
+}
+
+static int check_k3(const df_chat_msg *msgs, int n, df_error *err) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(msgs[i].role, "tool") == 0)
+            return df_fail(err, DF_ERR_ARG,
+                           "chat template: Kimi K3's tool messages need the tool's name, which a "
+                           "'tool' message does not carry (message %d)",
+                           i);
+    return DF_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* DeepSeek-V2                                                              */
 
 /* DeepSeek-V2/V2-Lite-Chat's published template: BOS, then per message in
@@ -333,21 +445,26 @@ static int check_v2(const df_chat_msg *msgs, int n, df_error *err) {
     return DF_OK;
 }
 
-enum { T_DSV3, T_DSR1, T_KIMI, T_DSV2 };
+enum { T_DSV3, T_DSR1, T_KIMI, T_DSV2, T_KIMI_K3 };
 
 static int render_other(int which, const df_chat_msg *msgs, int n, int add_generation_prompt,
-                        char **out, df_text_span **content, size_t *n_content, df_error *err) {
+                        int enable_thinking, char **out, df_text_span **content, size_t *n_content,
+                        df_error *err) {
     if (!out) return df_fail(err, DF_ERR_ARG, "chat template: NULL output pointer");
     *out = NULL;
     if (content) *content = NULL;
     if (n_content) *n_content = 0;
     if (!content != !n_content)
         return df_fail(err, DF_ERR_ARG, "chat template: content spans need both pointers");
+    const char *effort = NULL;
     int rc = check_msgs(msgs, n, err);
     if (!rc && which == T_DSV2) rc = check_v2(msgs, n, err);
+    if (!rc && which == T_KIMI_K3) rc = check_k3(msgs, n, err);
+    if (!rc && which == T_KIMI_K3) rc = k3_effort(enable_thinking, &effort, err);
     if (rc) return rc;
     sbuf b = {.track = content != NULL};
     if (which == T_KIMI) render_kimi(&b, msgs, n, add_generation_prompt);
+    else if (which == T_KIMI_K3) render_kimi_k3(&b, msgs, n, add_generation_prompt, effort);
     else if (which == T_DSV2) render_deepseek_v2(&b, msgs, n, add_generation_prompt);
     else render_deepseek(&b, msgs, n, add_generation_prompt, which == T_DSR1);
     *out = b.p;
@@ -361,29 +478,36 @@ static int render_other(int which, const df_chat_msg *msgs, int n, int add_gener
 int df_chat_render_deepseek_v3(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err) {
-    (void)enable_thinking;
-    return render_other(T_DSV3, msgs, n, add_generation_prompt, out, content, n_content, err);
+    return render_other(T_DSV3, msgs, n, add_generation_prompt, enable_thinking, out, content, n_content,
+                        err);
 }
 
 int df_chat_render_deepseek_r1(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err) {
-    (void)enable_thinking;
-    return render_other(T_DSR1, msgs, n, add_generation_prompt, out, content, n_content, err);
+    return render_other(T_DSR1, msgs, n, add_generation_prompt, enable_thinking, out, content, n_content,
+                        err);
 }
 
 int df_chat_render_deepseek_v2(const df_chat_msg *msgs, int n, int add_generation_prompt,
                                int enable_thinking, char **out, df_text_span **content,
                                size_t *n_content, df_error *err) {
-    (void)enable_thinking;
-    return render_other(T_DSV2, msgs, n, add_generation_prompt, out, content, n_content, err);
+    return render_other(T_DSV2, msgs, n, add_generation_prompt, enable_thinking, out, content, n_content,
+                        err);
 }
 
 int df_chat_render_kimi_k2(const df_chat_msg *msgs, int n, int add_generation_prompt,
                            int enable_thinking, char **out, df_text_span **content,
                            size_t *n_content, df_error *err) {
-    (void)enable_thinking;
-    return render_other(T_KIMI, msgs, n, add_generation_prompt, out, content, n_content, err);
+    return render_other(T_KIMI, msgs, n, add_generation_prompt, enable_thinking, out, content, n_content,
+                        err);
+}
+
+int df_chat_render_kimi_k3(const df_chat_msg *msgs, int n, int add_generation_prompt,
+                           int enable_thinking, char **out, df_text_span **content,
+                           size_t *n_content, df_error *err) {
+    return render_other(T_KIMI_K3, msgs, n, add_generation_prompt, enable_thinking, out, content,
+                        n_content, err);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -406,9 +530,23 @@ static bool opens_think(const char *jinja) {
 /* DeepSeek-V2.5 keeps model_type deepseek_v2 but speaks V3's markers: a V2
  * checkpoint whose Jinja writes <｜User｜> takes V3's template (or R1's). */
 df_chat_template_fn df_chat_template_for(df_chat_template_fn family, const char *jinja) {
+    /* Kimi K3's model family (kimi_linear) defaults to Kimi K2's template, which
+     * Kimi-Linear speaks; K3's Jinja writes XTML elements (<|open|>), which no
+     * K2-style template has */
+    if (family == df_chat_render_kimi_k2 && jinja && strstr(jinja, K3_OPEN)) return df_chat_render_kimi_k3;
     if (family == df_chat_render_deepseek_v2 && jinja && strstr(jinja, DS_USER)) family = df_chat_render_deepseek_v3;
     if (family == df_chat_render_deepseek_v3 && jinja && opens_think(jinja)) return df_chat_render_deepseek_r1;
     return family;
+}
+
+/* Kimi K3 ships its template as Python (encoding_k3.py); a tokenizer_config.json
+ * without a chat_template still names K3's specials, which Kimi K2's lacks. */
+df_chat_template_fn df_chat_template_for_tokenizer(df_chat_template_fn family, const df_tokenizer *t) {
+    const char *jinja = df_tokenizer_chat_template(t);
+    if (!jinja && family == df_chat_render_kimi_k2 && df_tokenizer_find(t, K3_OPEN) >= 0 &&
+        df_tokenizer_find(t, K3_EOM) >= 0 && df_tokenizer_find(t, "<|im_user|>") < 0)
+        return df_chat_render_kimi_k3;
+    return df_chat_template_for(family, jinja);
 }
 
 const char *df_chat_template_name(df_chat_template_fn t) {
@@ -417,6 +555,7 @@ const char *df_chat_template_name(df_chat_template_fn t) {
            : t == df_chat_render_deepseek_r1 ? "DeepSeek-R1"
            : t == df_chat_render_deepseek_v2 ? "DeepSeek-V2"
            : t == df_chat_render_kimi_k2     ? "Kimi K2"
+           : t == df_chat_render_kimi_k3     ? "Kimi K3"
                                              : "?";
 }
 
@@ -424,7 +563,8 @@ const char *df_chat_template_name(df_chat_template_fn t) {
  * every added token out of message content, not only the special ones. */
 static unsigned template_flags(df_chat_template_fn tmpl) {
     return tmpl == df_chat_render_deepseek_v3 || tmpl == df_chat_render_deepseek_r1 ||
-                   tmpl == df_chat_render_deepseek_v2 || tmpl == df_chat_render_kimi_k2
+                   tmpl == df_chat_render_deepseek_v2 || tmpl == df_chat_render_kimi_k2 ||
+                   tmpl == df_chat_render_kimi_k3
                ? DF_TOK_PLAIN_ALL
                : 0;
 }

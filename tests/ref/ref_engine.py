@@ -2,7 +2,7 @@
 """ref_engine - the float32 reference posing as the engine, for any family.
 
 Owns: dispatching the engine's `logits` / `run` subcommands to the reference of
-the checkpoint's model_type (qwen3_ref or deepseek_ref, whose engine modes
+the checkpoint's model_type (qwen3_ref, deepseek_ref or kimi_linear_ref, whose engine modes
 compute in float32), so check_model can run a suite that mixes families without
 the C engine:
 
@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deepseek_ref  # noqa: E402
+import kimi_linear_ref  # noqa: E402
 import qwen3_ref  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
@@ -23,7 +24,10 @@ def main(argv):
         print("usage: ref_engine.py logits|run --model DIR ...", file=sys.stderr)
         return 2
     model = argv[argv.index("--model") + 1]
-    ref = deepseek_ref if deepseek_ref.is_family(model) else qwen3_ref
+    if kimi_linear_ref.is_family(model):
+        ref = kimi_linear_ref
+    else:
+        ref = deepseek_ref if deepseek_ref.is_family(model) else qwen3_ref
     return ref.engine_mode(argv)
 
 
