@@ -308,7 +308,7 @@ static void test_model_type(void **state) {
     check_fail(parse(&c, j, &err), &err, DF_ERR_UNSUPPORTED, NULL, NULL);
     assert_string_equal(err.msg,
                         "config.json: model_type 'llama' is not supported (supported: qwen3, "
-                        "qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2)");
+                        "qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, kimi_linear, kimi_k3)");
     free(j);
     bad(with(DENSE, "model_type", "\"qwen2\"", NULL), DF_ERR_UNSUPPORTED, "'qwen2'", NULL);
     bad(with(DENSE, "model_type", NULL, NULL), DF_ERR_FORMAT, "'model_type'", "missing");
