@@ -213,7 +213,12 @@ static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *s
     split dec = split_of(a, b), pre = split_of(st0, a);
     split_json(ev, "", &dec);
     split_json(ev, "prefill_", &pre);
-    fprintf(ev, "\"prefill_eval_s\":%.6f,\"prefill_read_wait_s\":%.6f,", pre.eval, pre.wait);
+    /* the prompt's expert uses ((layer, expert) per pass), misses and bytes read */
+    fprintf(ev, "\"prefill_eval_s\":%.6f,\"prefill_read_wait_s\":%.6f,\"prefill_expert_requests\":%llu,"
+            "\"prefill_expert_misses\":%llu,\"prefill_expert_bytes_read\":%llu,", pre.eval, pre.wait,
+            (unsigned long long)(a->s.expert_requests - st0->s.expert_requests),
+            (unsigned long long)(a->s.expert_misses - st0->s.expert_misses),
+            (unsigned long long)(a->s.expert_bytes_read - st0->s.expert_bytes_read));
     cli_json_routing(ev, b);
     fprintf(ev, "}\n");
 }
