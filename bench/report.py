@@ -8,7 +8,10 @@ bound of an arm is the measured O_DIRECT bandwidth of its repetition divided by
 the expert bytes it missed per token; `fraction_of_bound` is tokens/s over it.
 Bytes per token are what the process made the kernel fetch from storage while
 decoding (/proc/self/io read_bytes), so the page-cache path (buffered reads, whose
-misses the engine cannot see) and the pack (O_DIRECT) are counted the same way.
+misses the engine cannot see) and the pack (O_DIRECT) are counted the same way;
+the bound sections and k3 use the engine's own count of missed bytes instead. k3
+also sets each streamed prefill's time to first token against one read of the
+experts it touched + the in-RAM prefill (k3_summary).
 """
 import json
 import os
@@ -36,6 +39,11 @@ def derive(r):
     bpt = per_token_bytes(r)
     mbw = r.get("membw_gbs", membw)
     bound = bw * 1e9 / bpt if bpt > 0 else 0.0
+    if r["section"] == "k3":
+        # the brief's bound: the engine's own count of missed bytes (a wrong
+        # prediction's read is waste, not need) at the measured bandwidth
+        bpt = r["bytes_missed_per_token"]
+        bound = bw * 1e9 / bpt if bpt > 0 else 0.0
     if r["section"].startswith("bound"):
         # a simulated disk (deltafin bench run --sim-disk): its bandwidth is the
         # bound's, and the engine's own count of missed bytes (what the tokens
@@ -78,6 +86,12 @@ def derive(r):
                            if mbw and r.get("active_bytes_per_token") else None),
         "prefill_tokens_per_s": r["prompt_tokens"] / r["prefill_s"] if r.get("prefill_s") else None,
         "draft_acceptance": r.get("draft_acceptance"),
+        # where a decoded token's time went (df_stats' blocks); other: the rest of
+        # the token's wall time (the remainder of the evaluation, sampling)
+        **({"kda_ms": r["kda_s"] / n * 1e3, "attn_ms": r["attn_s"] / n * 1e3, "ffn_ms": r["ffn_s"] / n * 1e3,
+            "experts_ms": r["experts_s"] / n * 1e3,
+            "rest_ms": max(0.0, r["decode_s"] - r["kda_s"] - r["attn_s"] - r["ffn_s"] - r["experts_s"]
+                           - r["read_wait_s"]) / n * 1e3} if "kda_s" in r else {}),
     }
 
 
@@ -144,7 +158,39 @@ def deepseek_summary():
             "long_context": long_ctx, "layers": layers, "cache": cache}
 
 
+def k3_summary():
+    """Issue 23's figures from the k3 section: the KDA state, and per repetition
+    each streamed prefill's time to first token against its bound, one read of
+    the experts it touched (its (layer, expert) uses x one expert's bytes) at the
+    repetition's measured bandwidth + the in-RAM prefill of the same routing in
+    the same repetition."""
+    ks = [r for r in runs if r["section"] == "k3"]
+    if not ks:
+        return None
+    state = next((r for r in rows if r.get("event") == "state" and r.get("section") == "k3"), None)
+    by = {(r["rep"], r["arm"]): r for r in ks}
+    per_arm = {}
+    for (rep, arm), r in sorted(by.items()):
+        if not arm.startswith("prefill-"):
+            continue
+        ram = by.get((rep, "resident-prefill-" + ("replay" if "-replay" in arm else "own")))
+        bw = iobw.get(("k3", rep))
+        if not (ram and bw and state and "prefill_expert_requests" in r):
+            continue
+        touched = r["prefill_expert_requests"] * state["expert_bytes"]
+        read_s = touched / (bw * 1e9)
+        bound = read_s + ram["ttft_s"]
+        per_arm.setdefault(arm, []).append({"ttft_s": r["ttft_s"], "touched_bytes": touched, "read_s": read_s,
+                                            "in_ram_s": ram["ttft_s"], "bound_s": bound,
+                                            "over_bound": r["ttft_s"] / bound,
+                                            "read_wait_s": r.get("prefill_read_wait_s")})
+    prefill = {arm: {k: stats([d[k] for d in ds]) for k in ds[0]} for arm, ds in per_arm.items()}
+    return {"state": state, "prefill": prefill, "prompt_tokens": next(
+        (r["prompt_tokens"] for r in ks if r["arm"].startswith("prefill-")), None)}
+
+
 ds_summary = deepseek_summary()
+k3 = k3_summary()
 machine = {}
 log = os.path.join(out, "suite.log")
 for line in open(log):
@@ -152,7 +198,7 @@ for line in open(log):
         k, v = line.split(":", 1)
         machine[k] = v.strip()
 machine["membw_gbs"] = membw
-json.dump({"mode": mode, "machine": machine, "results": results, "deepseek": ds_summary, "raw": rows},
+json.dump({"mode": mode, "machine": machine, "results": results, "deepseek": ds_summary, "k3": k3, "raw": rows},
           open(os.path.join(out, "results.json"), "w"), indent=1)
 
 
@@ -221,6 +267,38 @@ if fmt_rows:
         md.append(f"| {e['arm']} | {m(e, 'tokens_per_s', '{:.2f}')} | {e['active_mb_per_token']:.1f} | "
                   f"{m(e, 'membw_gbs', '{:.1f}')} | {m(e, 'membw_fraction', '{:.2f}')} | "
                   + (f"{sh / 1e6:.1f} | {bf / 1e6:.1f} ({bf / sh:.2f}x) |" if sh and bf else "- | - |"))
+    md.append("")
+if k3:
+    st = k3["state"] or {}
+    es = [e for e in results if e["section"] == "k3"]
+    md += ["## k3 (a Kimi K3-shaped model streamed from a pack, cold; issue 23)", ""]
+    if es:
+        md.append(f"- model {es[0]['model']}; routing: own (the model's routers) or replayed from the trace")
+    if st:
+        md.append(f"- KDA state per sequence: {st['kda_state_bytes']} B ({st['kda_state_bytes'] / 2**20:.2f} MiB: "
+                  f"{st['kda_layers']} KDA layers x {st['kda_state_bytes_per_layer']} B, whatever the context); "
+                  f"latent cache {st['latent_bytes_per_token']} B per token ({st['mla_layers']} MLA layers); "
+                  f"one routed expert {st['expert_bytes'] / 2**20:.2f} MiB (MXFP4)")
+    md += ["", "Decode (I/O bound = measured O_DIRECT bandwidth / expert MB missed per token; "
+           "per token: KDA / MLA / MoE spine / experts / waiting on reads / other, ms)", "",
+           "| budget | arm | tok/s | MB missed/token | hit rate | GB/s measured | I/O bound tok/s | "
+           "fraction of bound | per token ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for e in (e for e in es if e["arm"].startswith("decode-")):
+        split = " / ".join(f"{e[k]['median']:.1f}" if e.get(k) else "-"
+                           for k in ("kda_ms", "attn_ms", "ffn_ms", "experts_ms", "read_wait_ms", "rest_ms"))
+        md.append(f"| {e['budget_pct']}% | {e['arm']} | {m(e, 'tokens_per_s')} | "
+                  f"{m(e, 'bytes_per_token', '{:.1f}', 1e-6)} | {m(e, 'hit_rate', '{:.3f}')} | "
+                  f"{m(e, 'io_bw_gbs', '{:.2f}')} | {m(e, 'io_bound_tokens_per_s', '{:.2f}')} | "
+                  f"{m(e, 'fraction_of_bound', '{:.2f}')} | {split} |")
+    pf = k3["prefill"]
+    md += ["", f"Prefill of {k3['prompt_tokens']} tokens: time to first token against the bound "
+           "(one read of the experts it touched at the measured bandwidth + the same prefill in RAM); goal <= 1.3x", "",
+           "| arm | TTFT s | touched MB | one read s | in RAM s | bound s | TTFT / bound | waiting on reads s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for arm, d in sorted(pf.items()):
+        md.append(f"| {arm} | {m(d, 'ttft_s', '{:.2f}')} | {m(d, 'touched_bytes', '{:.0f}', 1e-6)} | "
+                  f"{m(d, 'read_s', '{:.2f}')} | {m(d, 'in_ram_s', '{:.2f}')} | {m(d, 'bound_s', '{:.2f}')} | "
+                  f"{m(d, 'over_bound', '{:.2f}')} | {m(d, 'read_wait_s', '{:.2f}')} |")
     md.append("")
 BOUND_NOTE = {
     "bound": "the sweep model",

@@ -47,6 +47,15 @@
 #          the core section's model is there (full runs), it is streamed too at
 #          BOUND_CORE_FRACS (10 %: 9 GiB of experts, 10x the cache): issue 3's
 #          benchmark, a synthetic Qwen3-MoE whose experts are >= 3x the budget.
+#  k3      a Kimi K3-shaped model (issue 23: KDA + gated NoPE MLA, latent MoE,
+#          attention residuals, MXFP4 experts; 27 layers shaped like the routing trace,
+#          K3_BENCH_GIB (3.5) GiB of experts) streamed from a pack at K3_FRAC (10) % cache,
+#          cold: decode tokens/s against the I/O bound with the model's own routing and
+#          the trace's, prefetch off and on; a K3_PREFILL (512)-token prefill's time to
+#          first token against one read of the experts it touched + the same prefill in
+#          RAM (goal <= 1.3x); the KDA state per sequence; the per-token split of the time
+#          (KDA, MLA, MoE spine, experts, waiting on reads, other). Scaled down for a
+#          try-out: K3_BENCH_GIB=0.3 K3_HIDDEN=1024 K3_VOCAB=32768 (see docs/benchmarks.md).
 #
 # Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
 # COLD (1: drop caches before every arm), HOLD (1: in sweep and replay, every
@@ -56,9 +65,12 @@
 # itself leaves HOLD_RESERVE_MIB (64) for the rest of the system. It locks most
 # of the machine's memory, so it is off in --quick, which is meant for a shared
 # machine; HOLD_MAX caps what it locks, for trying it out), RESULTS_DIR, SECTIONS
-# ("core deepseek sweep replay bound demo"), CORE_REPS, DS_REPS (CORE_REPS), DS_NEW (32),
+# ("core deepseek formats sweep replay bound k3 demo"), CORE_REPS, DS_REPS (CORE_REPS), DS_NEW (32),
 # DS_CTX (4096), DS_PROMPT (512), SIM_GBS (0.6), BOUND_NEW (128),
-# BOUND_PROMPT (16), BOUND_FRACS ("5 10 25"), BOUND_CORE_FRACS ("10"), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
+# BOUND_PROMPT (16), BOUND_FRACS ("5 10 25"), BOUND_CORE_FRACS ("10"), K3_BENCH_GIB (3.5),
+# K3_HIDDEN (2048), K3_VOCAB (163840), K3_KDA_HEADS (16, also MLA's), K3_MOE_I (from
+# K3_BENCH_GIB), K3_FRAC (10), K3_REPS (REPS), K3_PROMPT (16), K3_NEW (128), K3_PREFILL
+# (512), K3_TRACE (TRACE), DEMO_MODEL, TRACE, SYN_* and RR_* model shapes (see below), PREFETCH_FLAGS,
 # DRAFT_ARMS ("name=flags;name=flags"). Models go to $B/bench-models/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,7 +97,7 @@ COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
-SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core deepseek formats sweep replay bound demo")} # core, deepseek, formats: 5-10 GB models
+SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core deepseek formats sweep replay bound k3 demo")} # core, deepseek, formats, k3: 5-10 GB models
 SIM_GBS=${SIM_GBS:-0.6}
 BOUND_NEW=${BOUND_NEW:-$(q 32 128)}
 BOUND_PROMPT=${BOUND_PROMPT:-16}
@@ -95,6 +107,15 @@ DS_REPS=${DS_REPS:-$CORE_REPS}
 DS_NEW=${DS_NEW:-32}
 DS_CTX=${DS_CTX:-4096}
 DS_PROMPT=${DS_PROMPT:-512}
+K3_BENCH_GIB=${K3_BENCH_GIB:-3.5}
+K3_HIDDEN=${K3_HIDDEN:-2048}
+K3_VOCAB=${K3_VOCAB:-163840}
+K3_KDA_HEADS=${K3_KDA_HEADS:-16}
+K3_FRAC=${K3_FRAC:-10}
+K3_REPS=${K3_REPS:-$REPS}
+K3_PROMPT=${K3_PROMPT:-16}
+K3_NEW=${K3_NEW:-$(q 32 128)}
+K3_PREFILL=${K3_PREFILL:-512}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
 # Model shapes, the same in both modes (the models are made once): sweep experts
@@ -236,7 +257,7 @@ run_arm() {
         read -r locked short <"$TMP/memhog.ready" 2>/dev/null || { locked=0; short=0; }
         [ "$short" -lt $((256 << 20)) ] || say "note: memhog is $((short >> 20)) MiB short of holding memory to the budget"
     fi
-    case $sec in core | deepseek | formats) ;; *) drop ;; esac # in-RAM sections run warm
+    case $sec:$arm in core:* | deepseek:* | formats:* | k3:*resident*) ;; *) drop ;; esac # in-RAM arms run warm
     local json
     if json=$("$ENG" bench --model "$m" --random-prompt "$plen" --max-new $((new + 1)) --threads "$THREADS" \
         --io-bw "$iobw" "${flags[@]}" 2>"$err"); then
@@ -255,7 +276,21 @@ PYEOF
         say "$sec $arm ${frac}% rep $rep FAILED: $(tail -1 "$err")"
     fi
 }
-model_shape() { /usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(sum(1 for i in range(c["num_hidden_layers"]) if i not in c.get("mlp_only_layers",[])), c["num_experts"], c["num_experts_per_tok"])' "$1"; }
+# model_shape MODEL -> "MoE_layers experts top_k" (Qwen3-MoE: mlp_only_layers; the
+# DeepSeek and Kimi-Linear families: first_k_dense_replace, moe_layer_freq; a
+# wrapper's text_config)
+model_shape() {
+    /usr/bin/python3 - "$1/config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c = c.get("text_config", c)
+k0, f, mlp = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1), c.get("mlp_only_layers", [])
+n = sum(1 for i in range(c["num_hidden_layers"]) if i not in mlp and i >= k0 and i % f == 0)
+E = c.get("num_experts", c.get("n_routed_experts"))
+K = c.get("num_experts_per_tok", c.get("num_experts_per_token"))
+print(n, E, K)
+PYEOF
+}
 
 # measure_iobw MODEL [PACK] -> GB/s of O_DIRECT reads of one record at depth 8
 measure_iobw() {
@@ -596,6 +631,107 @@ if [[ " $SECTIONS " == *" bound "* ]]; then
             done
         done
     done
+fi
+
+# ---- k3: a Kimi K3-shaped model streamed from a pack (issue 23) ------------------------
+# Kimi K3's layer kinds scaled to this machine, shaped like the routing trace so
+# that real routing replays: 27 layers, the first dense, then the trace's 26 MoE
+# layers of 64 experts top-6; KDA (K3_KDA_HEADS x 128, lower-bound gate, full-rank
+# output gate) with gated NoPE MLA at every 4th layer and the last, as K3
+# schedules them; latent MoE (width hidden/2, SiTU, normed sum, 1 shared expert),
+# attention residuals in depth blocks of 4 (K3: 12 of 93), MXFP4 routed experts
+# whose width makes K3_BENCH_GIB of experts (3.5: width 1376, 2.2 MiB each);
+# vocabulary 163,840. Per repetition, interleaved (the streamed arms reversed on
+# even ones):
+#   resident-prefill-{own,replay}  a K3_PREFILL-token prompt with every expert in
+#            RAM, warm: the in-RAM compute of the prefill
+#   prefill-{own,replay}[-prefetch]  the same prompt streamed from the pack at
+#            K3_FRAC % of the expert bytes as cache, cold: time to first token
+#            against one read of the experts it touched at the measured bandwidth
+#            + the in-RAM prefill (goal: at most 1.3x)
+#   decode-{own,replay}[-prefetch]  K3_PROMPT prompt, K3_NEW decoded (teacher
+#            forced), streamed at K3_FRAC %, cold: tokens/s against the I/O bound
+#            (the O_DIRECT bandwidth measured this repetition / expert bytes missed
+#            per token), and the per-token split of the time
+# own: the model's routers; replay: routing replayed from K3_TRACE. The caches are
+# dropped before every streamed arm; the in-RAM arms run after a warm-up.
+if [[ " $SECTIONS " == *" k3 "* ]]; then
+    K3_TRACE=${K3_TRACE:-$TRACE}
+    if [ -z "$K3_TRACE" ] || [ ! -f "$K3_TRACE" ]; then
+        K3_TRACE=tests/data/traces/intent-excerpt.trace
+        say "note: no routing trace at \$TRACE: k3 replays the excerpt $K3_TRACE (263 tokens, wrapped)"
+    fi
+    # the trace's shape and the expert width that makes K3_BENCH_GIB of MXFP4 experts
+    # (3 matrices of width x latent, 4.25 bits per value: E2M1 + an E8M0 scale per 32)
+    read -r K3_NL K3_NE K3_I < <(/usr/bin/python3 - "$K3_TRACE" "$K3_BENCH_GIB" $((K3_HIDDEN / 2)) <<'PYEOF'
+import re, sys
+hdr = "".join(l for l in open(sys.argv[1]) if l.startswith("#"))
+nl, ne = int(re.search(r"moe_layers:\s*(\d+)", hdr).group(1)), int(re.search(r"experts_per_layer:\s*(\d+)", hdr).group(1))
+per_value = 3 * int(sys.argv[3]) * 17 / 32
+i = round(float(sys.argv[2]) * 2**30 / (nl * ne * per_value) / 32) * 32
+print(nl, ne, max(32, i))
+PYEOF
+)
+    K3_I=${K3_MOE_I:-$K3_I}
+    KM=$B/bench-models/k3-h$K3_HIDDEN-i$K3_I-v$K3_VOCAB
+    K3_GEN=(--arch kimi_k3 --seed 27 --dtype bf16 --vocab "$K3_VOCAB" --hidden "$K3_HIDDEN"
+        --intermediate $((K3_HIDDEN * 4)) --match-trace "$K3_TRACE" --heads "$K3_KDA_HEADS" --q-lora-rank $((K3_HIDDEN / 4))
+        --kv-lora-rank 512 --qk-nope-dim 128 --qk-rope-dim 64 --v-head-dim 128 --kda-heads "$K3_KDA_HEADS"
+        --kda-head-dim 128 --gate-lower-bound -5 --gate-rank full --a-log-shape padded --mla-output-gate
+        --hidden-act situ --n-shared-experts 1 --moe-intermediate "$K3_I" --latent-moe $((K3_HIDDEN / 2))
+        --latent-norm --attn-res-block 4 --routed-scaling-factor 1.0 --norm-topk-prob 1 --quant mxfp4
+        --max-pos 8192 --max-shard-size 4000000000 --fast-init)
+    # checkpoint + pack: the experts twice, the always-active weights in BF16 (embeddings
+    # and LM head, 27 layers of at most 7 x hidden^2 values, the shared experts)
+    K3_EXPERTS=$((K3_NL * K3_NE * 3 * (K3_HIDDEN / 2) * K3_I * 17 / 32))
+    K3_NEED=$((2 * K3_EXPERTS + 4 * K3_VOCAB * K3_HIDDEN + 27 * 14 * K3_HIDDEN * K3_HIDDEN + K3_NL * 6 * K3_HIDDEN * K3_I))
+    if [ -f "$KM/config.json" ] || { room_for "$KM" "$K3_NEED" "checkpoint + pack" &&
+        say "generating $KM (experts about $((K3_EXPERTS >> 20)) MiB): tools/gen_checkpoint.py --out $KM ${K3_GEN[*]}" &&
+        nice /usr/bin/python3 tools/gen_checkpoint.py --out "$KM" "${K3_GEN[@]}" >>"$LOG"; }; then
+        pack "$KM"
+        read -r EB DB < <(model_bytes "$KM")
+        read -r NL NE NK < <(model_shape "$KM")
+        say ""
+        say "## k3: $KM, experts $((EB >> 20)) MiB (MXFP4), always-active $((DB >> 20)) MiB; cache $K3_FRAC %; replay from $K3_TRACE"
+        "$ENG" inspect --model "$KM" | grep -E '^(layer schedule|KDA|attention |latent cache|experts|MoE layers|expert formats)' | tee -a "$LOG"
+        # the recurrent state per sequence (fixed, whatever the context) and the latent
+        # cache per token, from the config
+        /usr/bin/python3 - "$KM/config.json" "$EB" "$NL" "$NE" >>"$ARMS" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))["text_config"]
+la = c["linear_attn_config"]
+hk, dk, kk = la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]
+n_kda, n_mla = len(la["kda_layers"]), len(la["full_attn_layers"])
+per_layer = 4 * hk * dk * dk + 4 * 3 * hk * dk * (kk - 1)   # F32 state S + q/k/v conv windows
+print(json.dumps({"section": "k3", "event": "state", "kda_layers": n_kda, "mla_layers": n_mla,
+                  "kda_state_bytes": n_kda * per_layer, "kda_state_bytes_per_layer": per_layer,
+                  "latent_bytes_per_token": 4 * n_mla * (c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+                  "expert_bytes": int(sys.argv[2]) // (int(sys.argv[3]) * int(sys.argv[4]))}))
+PYEOF
+        say "KDA state per sequence: $(tail -1 "$ARMS" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print("%d B (%.2f MiB, %d KDA layers)" % (d["kda_state_bytes"], d["kda_state_bytes"] / 2**20, d["kda_layers"]))')"
+        K3_STREAMED=(decode-own decode-replay decode-own-prefetch decode-replay-prefetch
+            prefill-own prefill-replay prefill-own-prefetch prefill-replay-prefetch)
+        for rep in $(seq "$K3_REPS"); do
+            IOBW=$(measure_iobw "$KM"); say "rep $rep: O_DIRECT read bandwidth $IOBW GB/s"
+            echo "{\"section\":\"k3\",\"event\":\"iobw\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
+            # in RAM, warm: the warm-up reads every weight into the page cache
+            drop_for_ram
+            "$ENG" run --model "$KM" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
+            for r in own replay; do
+                fl=(); [ "$r" = replay ] && fl=(--replay-routing "$K3_TRACE")
+                run_arm k3 "resident-prefill-$r" "$KM" 100 "$EB" "$DB" 0 "$rep" "$K3_PREFILL" 2 "${fl[@]}"
+            done
+            ORDER=("${K3_STREAMED[@]}")
+            if [ $((rep % 2)) = 0 ]; then mapfile -t ORDER < <(printf '%s\n' "${K3_STREAMED[@]}" | tac); fi
+            for a in "${ORDER[@]}"; do
+                fl=(--experts "$KM-pack" --prefetch off)
+                [[ $a == *-prefetch ]] && fl=(--experts "$KM-pack" --prefetch on)
+                [[ $a == *-replay* ]] && fl+=(--replay-routing "$K3_TRACE")
+                if [[ $a == prefill-* ]]; then plen=$K3_PREFILL new=2; else plen=$K3_PROMPT new=$K3_NEW; fi
+                run_arm k3 "$a" "$KM" "$K3_FRAC" "$EB" "$DB" "$IOBW" "$rep" "$plen" "$new" "${fl[@]}"
+            done
+        done
+    fi
 fi
 
 # ---- demo (the trained demo models, when present) -----------------------------------

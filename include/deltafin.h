@@ -119,6 +119,13 @@ typedef struct df_stats {
     uint64_t tokens;            /* rows evaluated */
     double eval_s;              /* wall time inside df_session_eval */
     double read_wait_s;         /* of which blocked waiting for expert reads */
+    /* ... and spent in (the rest of eval_s is "other": embedding, residual
+     * adds and mixing, the LM head, the session's own work): */
+    double kda_s;               /* linear-attention (KDA) layers */
+    double attn_s;              /* softmax attention: GQA or MLA */
+    double ffn_s;               /* the MoE spine and dense FFN: norms, routers, shared experts,
+                                   latent projections */
+    double experts_s;           /* routed experts' compute (read_wait_s not included) */
     uint64_t expert_requests;   /* (layer, expert) uses */
     uint64_t expert_hits;
     uint64_t expert_misses;

@@ -3,7 +3,8 @@
 # tables, on hand-made arm records: medians/min/max over repetitions, bytes per
 # token from the storage counter, the I/O bound from the repetition's measured
 # bandwidth, the time split, the page-cache hit rate and "held" marking, the
-# cache-sim column, the bound section's simulated disk; and that results.json,
+# cache-sim column, the bound section's simulated disk, the k3 section's decode
+# bound and time split and its prefill bound; and that results.json,
 # results.md appear. Untimed (no
 # benchmark runs here). Ends with "N passed, N failed".
 set -u
@@ -63,6 +64,17 @@ rows.append({"section": "deepseek", "event": "cache", "layers": 8, "latent_value
              "expanded_bf16_bytes_per_token": 81920})
 rows.append({"section": "replay", "event": "cachesim", "arm": "lru", "budget_pct": 10,
              "hit_rate": 0.25, "bytes_per_token": 1_500_000.0})
+# the k3 section (issue 23): decode against the engine's missed bytes, its time split;
+# prefill against one read of the touched experts + the in-RAM prefill of the same rep
+rows += [{"section": "k3", "event": "iobw", "rep": 1, "gbs": 1.0}, {"section": "k3", "event": "iobw", "rep": 2, "gbs": 2.0}]
+rows.append({"section": "k3", "event": "state", "kda_layers": 20, "mla_layers": 7, "kda_state_bytes": 22446080,
+             "kda_state_bytes_per_layer": 1122304, "latent_bytes_per_token": 16128, "expert_bytes": 1_000_000})
+for rep, ram, ttft in ((1, 10.0, 12.0), (2, 12.0, 15.0)):
+    rows.append(arm("resident-prefill-own", rep, 1.0, 0, section="k3", budget_pct=100, prompt_tokens=512, ttft_s=ram))
+    rows.append(arm("prefill-own", rep, 1.0, 0, section="k3", prompt_tokens=512, ttft_s=ttft,
+                    prefill_expert_requests=1000, prefill_expert_misses=1000, prefill_read_wait_s=0.5))
+rows.append(arm("decode-own", 1, 2.0, 0, section="k3", decode_s=5.0, bytes_missed_per_token=100e6, kda_s=1.0,
+                attn_s=0.5, ffn_s=0.5, experts_s=1.0, read_wait_s=1.5, other_s=0.2))
 open(sys.argv[1], "w").write("\n".join(json.dumps(r) for r in rows) + "\n")
 PYEOF
 
@@ -121,7 +133,24 @@ assert d["long_context"] == 4096, d["long_context"]
 # membw fraction of the short arm: 20, 10, 25 tok/s x 1 GB / 40 GB/s -> median 0.5
 ds = [x for x in r["results"] if x["arm"] == "resident-ctx16"][0]
 close(ds["membw_fraction"]["median"], 0.5, "deepseek: membw fraction")
+# k3 decode: bound = 1 GB/s / 100 MB missed per token = 10 tok/s; 2 tok/s -> 0.2;
+# per token (10 tokens): KDA 100 ms, MLA 50, spine 50, experts 100, the rest of 5 s 50
+k = [x for x in r["results"] if x["section"] == "k3" and x["arm"] == "decode-own"][0]
+close(k["io_bound_tokens_per_s"]["median"], 10.0, "k3: I/O bound")
+close(k["fraction_of_bound"]["median"], 0.2, "k3: fraction")
+for key, v in (("kda_ms", 100.0), ("attn_ms", 50.0), ("ffn_ms", 50.0), ("experts_ms", 100.0), ("rest_ms", 50.0)):
+    close(k[key]["median"], v, "k3: " + key)
+# k3 prefill: touched 1000 x 1 MB; rep 1: 1 s read + 10 s in RAM = 11, 12/11;
+# rep 2: 0.5 + 12 = 12.5, 15/12.5 = 1.2
+p = r["k3"]["prefill"]["prefill-own"]
+close(p["bound_s"]["min"], 11.0, "k3: prefill bound")
+close(p["over_bound"]["median"], (12 / 11 + 1.2) / 2, "k3: TTFT over bound")
+close(p["touched_bytes"]["median"], 1e9, "k3: touched bytes")
 PYEOF
+grep -q "^- KDA state per sequence: 22446080 B (21.41 MiB: 20 KDA layers x 1122304 B" "$T/results.md" &&
+    grep -q "^| 10% | decode-own | 2.000 | 100.0 | 0.300 | 1.00 | 10.00 | 0.20 | 100.0 / 50.0 / 50.0 / 100.0 / 150.0 / 50.0 |" "$T/results.md" &&
+    grep -q "^| prefill-own | 13.50 (12.00-15.00) | 1000 (1000-1000) | 0.75 (0.50-1.00) | 11.00 (10.00-12.00) | 11.75 (11.00-12.50) | 1.15 (1.09-1.20) | 0.50 (0.50-0.50) |" "$T/results.md" \
+    && ok k3-table || bad k3-table "$(grep -A16 '## k3' "$T/results.md")"
 grep -q "^## bound (the sweep model; experts through a simulated 0.50 GB/s disk" "$T/results.md" \
     && ok bound-table || bad bound-table "$(grep -A4 '## bound' "$T/results.md")"
 grep -A4 "^## bound-core (the engine core's model, 9 GiB of experts; experts through a simulated 0.50 GB/s" "$T/results.md" |

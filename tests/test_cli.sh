@@ -714,4 +714,44 @@ echo "$out" | grep -q "always-active         105.71 GiB (113.5 GB)" && echo "$ou
 expect_error config-only-family "does not know the sizes of model_type 'qwen3_moe'" \
     "$ENG" inspect --model "$MODELS/engine-moe" --config-only
 
+# --stats' per-token split of the evaluation time: KDA time on the K3 model and none
+# on Qwen3 or DeepSeek, attention, spine and experts on all three; with "other" the
+# blocks add up to the evaluation time, in --events and in bench's summary
+split_check() { # NAME MODEL WANT_KDA(1|0) [run options...]
+    local n=$1 m=$2 kda=$3; shift 3
+    if "$ENG" bench run --model "$m" --prompt-tokens 5,17,300,5,17,300,5,17 --max-new 6 --temp 0 --print-ids --stats \
+            --events "$T/ev" "$@" >"$T/out" 2>"$T/err" &&
+        grep -qE "^  per token, prefill \(eval [0-9.]+ ms\): KDA [0-9.]+ ms \([0-9.]+%\), attention .*, MoE spine .*, experts .*, waiting on reads .*, other " "$T/err" &&
+        grep -qE "^  per token, decode \(eval [0-9.]+ ms\): KDA " "$T/err" &&
+        "$ENG" bench --model "$m" --random-prompt 8 --max-new 4 "$@" >"$T/arm.json" 2>>"$T/err" &&
+        $PY - "$T/ev" "$T/arm.json" "$kda" >"$T/why" 2>&1 <<'PYEOF'
+import json, sys
+kda = sys.argv[3] == "1"
+ev = [json.loads(l) for l in open(sys.argv[1])]
+summ = [e for e in ev if e["event"] == "summary"] + [json.loads(open(sys.argv[2]).read())]
+pre = [e for e in ev if e["event"] == "prefill"]
+assert len(summ) == 2 and len(pre) == 1, (len(summ), len(pre))
+def check(d, p, total):
+    parts = [d[p + k] for k in ("kda_s", "attn_s", "ffn_s", "experts_s", "other_s")]
+    assert (d[p + "kda_s"] > 0) == kda, (p, "kda_s", d[p + "kda_s"])
+    for k in ("attn_s", "ffn_s", "experts_s"):
+        assert d[p + k] > 0, (p, k, d[p + k])
+    wait = d["read_wait_s"] if p == "" else d.get(p + "read_wait_s", 0.0)
+    assert abs(sum(parts) + wait - total) < 1e-5 + 1e-3 * total, (p, parts, wait, total)
+for s in summ:
+    check(s, "", s["eval_s"])
+    check(s, "prefill_", s["prefill_eval_s"])
+# the prefill event: the same phase as the summary's prefill_ fields
+check(pre[0], "", summ[0]["prefill_eval_s"])
+PYEOF
+    then ok "stats-split-$n"; else bad "stats-split-$n" "$(tail -3 "$T/err") $(tail -2 "$T/why")"; fi
+}
+split_check k3 "$K3" 1
+split_check kimi-linear "$KL" 1
+split_check qwen3 "$MODELS/engine-moe" 0
+split_check deepseek "$MODELS/engine-ds" 0
+# streamed: the waits on reads are their own part, not the experts'
+"$ENG" pack --model "$MODELS/engine-k3-stream" --out "$T/k3pack" >/dev/null 2>&1 || bad k3-pack "pack failed"
+split_check k3-streamed "$MODELS/engine-k3-stream" 1 --experts "$T/k3pack" --expert-cache 20K
+
 finish

@@ -121,7 +121,9 @@ def parse_args(argv):
                    help="shape the MoE layers after a routing trace (# moe-routing-trace v1) so "
                         "`deltafin bench run --replay-routing TRACE` accepts it: --experts, --top-k and "
                         "--layers from its header; model layers before the trace's first MoE layer "
-                        "(\"model layers a..b\") become dense via mlp_only_layers")
+                        "(\"model layers a..b\") become dense (qwen3_moe, the default: mlp_only_layers; "
+                        "the DeepSeek and Kimi-Linear families, kept when --arch names one: "
+                        "first_k_dense_replace, every later layer MoE)")
     p.add_argument("--sparse", action="store_true",
                    help="tensors are holes of zero bytes (sparse files): full-size real shapes for "
                         "layout checks with `deltafin inspect`, not for running")
@@ -231,9 +233,13 @@ def match_trace(p, a):
     for key in ("layers", "experts_per_layer", "top_k"):
         if key not in hdr:
             p.error(f"{a.match_trace}: header gives no {key if key != 'layers' else 'moe_layers'}")
-    a.arch = "qwen3_moe"
     a.experts, a.top_k = hdr["experts_per_layer"], hdr["top_k"]
     a.layers = hdr["first"] + hdr["layers"]
+    if a.arch in ds.ARCHS or a.arch in kl.ARCHS:
+        # both families' rule: MoE from first_k_dense_replace on, every moe_layer_freq-th
+        a.first_k_dense, a.moe_layer_freq = hdr["first"], 1
+        return
+    a.arch = "qwen3_moe"
     a.decoder_sparse_step = 1
     a.mlp_only_layers = ",".join(str(i) for i in range(hdr["first"]))
 
@@ -450,7 +456,8 @@ def generate(a):
     if a.kimi_linear:
         cfg = kl.build_config(a)
         prefix = "language_model." if a.arch == "kimi_k3" else ""
-        plan, qcfg = kl.apply_quant(kl.tensor_plan(cfg, a, prefix), a, lambda t: row_source(t, a.seed))
+        plan, qcfg = kl.apply_quant(kl.tensor_plan(cfg, a, prefix), a, lambda t: row_source(t, a.seed),
+                                    (lambda t: tensor_rng(a.seed, t[0])) if a.fast_init else None)
         gen_cfg = kl.generation_config(a)
     else:
         if a.deepseek:

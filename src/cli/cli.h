@@ -116,9 +116,10 @@ void cli_json_str(FILE *f, const char *s);
 void cli_json_routing(FILE *f, const cli_stats *b);
 void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats *a, const cli_stats *b,
                 double secs);
-void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats *a, const cli_stats *b,
-                 size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw, uint64_t ram_budget,
-                 uint64_t storage_bytes);
+/* st0: before the prompt, a: after it, b: at the end (decode is a..b) */
+void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats *st0, const cli_stats *a,
+                 const cli_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw,
+                 uint64_t ram_budget, uint64_t storage_bytes);
 void cli_prefetch_report(FILE *ev, bool text, const cli_stats *st);
 void cli_spec_events(FILE *ev, const df_spec *sp);
 uint64_t cli_storage_read_bytes(void);

@@ -49,6 +49,37 @@ void cli_json_routing(FILE *f, const cli_stats *b) {
     }
 }
 
+/* Where the evaluation time between snapshots a and b went (df_stats' blocks;
+ * `other` is what is left of eval_s). */
+typedef struct split {
+    double kda, attn, ffn, experts, wait, other, eval;
+} split;
+
+static split split_of(const cli_stats *a, const cli_stats *b) {
+    split s = {b->s.kda_s - a->s.kda_s, b->s.attn_s - a->s.attn_s, b->s.ffn_s - a->s.ffn_s,
+               b->s.experts_s - a->s.experts_s, b->s.read_wait_s - a->s.read_wait_s, 0, b->s.eval_s - a->s.eval_s};
+    double known = s.kda + s.attn + s.ffn + s.experts + s.wait;
+    s.other = s.eval > known ? s.eval - known : 0.0;
+    return s;
+}
+
+/* "  per token, decode (eval 12.3 ms): KDA 1.2 ms (10.0%), ..." on stderr */
+static void split_text(const char *what, const split *s, int rows) {
+    if (rows <= 0 || s->eval <= 0) return;
+    const char *name[] = {"KDA", "attention", "MoE spine", "experts", "waiting on reads", "other"};
+    double v[] = {s->kda, s->attn, s->ffn, s->experts, s->wait, s->other};
+    fprintf(stderr, "  per token, %s (eval %.3f ms):", what, 1e3 * s->eval / rows);
+    for (int i = 0; i < 6; i++)
+        fprintf(stderr, "%s %s %.3f ms (%.1f%%)", i ? "," : "", name[i], 1e3 * v[i] / rows, 100.0 * v[i] / s->eval);
+    fprintf(stderr, "\n");
+}
+
+/* "PREFIXkda_s":..,... (seconds over the phase), each followed by a comma */
+static void split_json(FILE *f, const char *prefix, const split *s) {
+    fprintf(f, "\"%skda_s\":%.6f,\"%sattn_s\":%.6f,\"%sffn_s\":%.6f,\"%sexperts_s\":%.6f,\"%sother_s\":%.6f,",
+            prefix, s->kda, prefix, s->attn, prefix, s->ffn, prefix, s->experts, prefix, s->other);
+}
+
 /* One line (stderr) and/or one JSON object (events) for `rows` rows evaluated
  * between counter snapshots a and b in `secs` of wall time. */
 void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats *a, const cli_stats *b,
@@ -66,6 +97,8 @@ void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats
                 what, secs, secs > 0 ? rows / secs : 0.0, (double)bytes / 1e6,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0, (unsigned long long)hits,
                 (unsigned long long)miss, (unsigned long long)pf_hits, wait, compute);
+    split sp = split_of(a, b);
+    if (text && strcmp(what, "prefill") == 0) split_text("prefill", &sp, rows);
     if (ev) {
         fprintf(ev,
                 "{\"event\":\"%s\",\"rows\":%d,\"seconds\":%.6f,\"expert_bytes_read\":%llu,"
@@ -76,6 +109,7 @@ void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats
                 (unsigned long long)miss, (unsigned long long)pf_hits, (unsigned long long)pf_used,
                 (unsigned long long)pf_waste, wait, compute,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+        split_json(ev, "", &sp);
         cli_json_routing(ev, b);
         fprintf(ev, "}\n");
     }
@@ -142,9 +176,9 @@ static summary_figs summary_figures(const cli_stats *a, const cli_stats *b, int 
 }
 
 /* The summary as one JSON object; the prediction quality only under bench. */
-static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *a, const cli_stats *b,
-                         const summary_figs *f, size_t n_prompt, double prefill_s, int n_dec, double dec_s,
-                         double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
+static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *st0, const cli_stats *a,
+                         const cli_stats *b, const summary_figs *f, size_t n_prompt, double prefill_s, int n_dec,
+                         double dec_s, double io_bw, uint64_t ram_budget, uint64_t storage_bytes) {
     double tps = f->tps, per_tok = f->per_tok, bw = f->bw, bound = f->bound, wait = f->wait;
     uint64_t bytes = f->bytes, hits = f->hits, miss = f->miss, waste = f->waste;
     fprintf(ev,
@@ -176,13 +210,22 @@ static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *a
             (unsigned long long)b->s.mem_load_peak, (unsigned long long)b->s.mem_session,
             (unsigned long long)b->s.mem_slack, (unsigned long long)b->s.mem_reserve, b->s.mem_context,
             b->s.cache_sizing ? b->s.cache_sizing : "", (unsigned long long)b->s.mem_available);
+    split dec = split_of(a, b), pre = split_of(st0, a);
+    split_json(ev, "", &dec);
+    split_json(ev, "prefill_", &pre);
+    /* the prompt's expert uses ((layer, expert) per pass), misses and bytes read */
+    fprintf(ev, "\"prefill_eval_s\":%.6f,\"prefill_read_wait_s\":%.6f,\"prefill_expert_requests\":%llu,"
+            "\"prefill_expert_misses\":%llu,\"prefill_expert_bytes_read\":%llu,", pre.eval, pre.wait,
+            (unsigned long long)(a->s.expert_requests - st0->s.expert_requests),
+            (unsigned long long)(a->s.expert_misses - st0->s.expert_misses),
+            (unsigned long long)(a->s.expert_bytes_read - st0->s.expert_bytes_read));
     cli_json_routing(ev, b);
     fprintf(ev, "}\n");
 }
 
-void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats *a, const cli_stats *b,
-                 size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw, uint64_t ram_budget,
-                 uint64_t storage_bytes) {
+void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats *st0, const cli_stats *a,
+                 const cli_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw,
+                 uint64_t ram_budget, uint64_t storage_bytes) {
     summary_figs f = summary_figures(a, b, n_dec, dec_s, io_bw);
     double tps = f.tps, per_tok = f.per_tok, bw = f.bw, bound = f.bound, wait = f.wait;
     uint64_t bytes = f.bytes, hits = f.hits, miss = f.miss, waste = f.waste;
@@ -201,6 +244,8 @@ void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats
         if (bound > 0)
             fprintf(stderr, "  I/O bound %.3f tok/s at %.3f GB/s %s: achieved %.2f of it\n", bound, io_bw,
                     b->d.sim_disk_bps > 0 ? "(simulated disk)" : "measured", tps / bound);
+        split dec = split_of(a, b);
+        split_text("decode", &dec, n_dec);
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);
@@ -208,7 +253,8 @@ void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats
         if (b->d.replay_routing)
             fprintf(stderr, "  routing REPLAYED from %s: not the model's own output\n", b->d.replay_routing);
     }
-    if (ev) summary_json(ev, info, a, b, &f, n_prompt, prefill_s, n_dec, dec_s, io_bw, ram_budget, storage_bytes);
+    if (ev)
+        summary_json(ev, info, st0, a, b, &f, n_prompt, prefill_s, n_dec, dec_s, io_bw, ram_budget, storage_bytes);
 }
 
 /* The product's prefetch report: what df_stats counts (bench's replaces it

@@ -205,16 +205,16 @@ static void run_reports(const cli_args *a, const cli_dev *dev, run_state *rs, co
     FILE *ev = rs->ev;
     if (a->stats || ev) {
         cli_report(ev, a->stats, "decode", gr->decoded, after_prefill, last, gr->decode_s);
-        cli_summary(ev, a->stats, info, after_prefill, last, n, gr->prefill_s, gr->decoded, gr->decode_s,
-                    a->io_bw, a->ram_budget, io_dec);
+        cli_summary(ev, a->stats, info, &rs->st0, after_prefill, last, n, gr->prefill_s, gr->decoded,
+                    gr->decode_s, a->io_bw, a->ram_budget, io_dec);
         if (dev && dev->prefetch_report) dev->prefetch_report(ev, a->stats, rs->e, last);
         else cli_prefetch_report(ev, a->stats, last);
         if (sp && a->stats) df_spec_report(sp, stderr);
         if (sp && ev) cli_spec_events(ev, sp);
     }
     if (dev && dev->arm) {
-        cli_summary(stdout, false, info, after_prefill, last, n, gr->prefill_s, gr->decoded, gr->decode_s,
-                    a->io_bw, a->ram_budget, io_dec);
+        cli_summary(stdout, false, info, &rs->st0, after_prefill, last, n, gr->prefill_s, gr->decoded,
+                    gr->decode_s, a->io_bw, a->ram_budget, io_dec);
         fflush(stdout);
     }
 }

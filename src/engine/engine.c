@@ -198,10 +198,16 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->tokens = e->tokens;
     o->eval_s = e->eval_s;
     o->expert_source = "resident";
+    o->kda_s = e->block_s[DF_BLK_KDA];
+    o->attn_s = e->block_s[DF_BLK_ATTN];
+    o->ffn_s = e->block_s[DF_BLK_FFN];
+    o->experts_s = e->block_s[DF_BLK_EXPERTS];
     df_engine_mem_stats(e, o);
     if (!e->store) return;
     df_store_stats s = df_store_get_stats(e->store);
     o->read_wait_s = s.wait_s;
+    /* the experts' block waits on reads inside it: that is read_wait_s */
+    o->experts_s = o->experts_s > s.wait_s ? o->experts_s - s.wait_s : 0.0;
     o->expert_requests = s.requests;
     o->expert_hits = s.hits;
     o->expert_misses = s.misses;

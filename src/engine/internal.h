@@ -51,6 +51,7 @@ struct df_engine {
     df_chat_template_fn chat;
     uint64_t tokens;
     double eval_s;
+    double block_s[DF_BLK_N]; /* the forward passes' time per block (forward.h) */
     int chunk;            /* rows per forward pass */
     /* routing replay (df_engine_opts.replay_routing) */
     df_trace *replay;

@@ -110,6 +110,7 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         s->fwd.on_layer = s->progress ? on_layer : NULL;
         s->fwd.layer_user = &pc;
         int rc = df_forward(&s->fwd, &b, lg, all_rows != 0, err);
+        for (int k = 0; k < DF_BLK_N; k++) s->eng->block_s[k] += s->fwd.block_s[k], s->fwd.block_s[k] = 0;
         /* the position stays (a recurrent state goes back to a kept one):
          * the chunk can be evaluated again */
         if (rc) return rc;

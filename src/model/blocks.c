@@ -455,11 +455,15 @@ int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *
                    df_lookahead_fn lookahead, void *user, df_error *err) {
     int E = mw->E;
     int need[E], count[E];
+    df_blk outer = df_blk_enter(f, DF_BLK_EXPERTS);
     int n_need = distinct_experts(mw->sel, T * K, E, need, count);
     df_xsource *src = f->experts;
     /* All reads are requested at once; experts come back resident-first. */
     int rc = src->ops->begin_layer(src, li, need, n_need, err);
-    if (rc) return rc;
+    if (rc) {
+        df_blk_enter(f, outer);
+        return rc;
+    }
     if (lookahead) lookahead(f, li, T, user);
     int cap = job_cap(count, n_need, mw->rows);
     int ids[cap];
@@ -471,8 +475,7 @@ int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *
         run_job(f->pool, mw, ids, w, n, xin, T);
     }
     src->ops->end_layer(src);
-    if (rc) return rc;
-    /* Combine per row in top-k slot order: independent of the order above. */
-    combine(mw, out, T);
-    return DF_OK;
+    if (!rc) combine(mw, out, T); /* per row in top-k slot order: independent of the order above */
+    df_blk_enter(f, outer);
+    return rc;
 }

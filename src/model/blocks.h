@@ -210,7 +210,7 @@ uint64_t df_moe_work_bytes(int rows, int H, int E, int K, int I);
  * row's outputs are combined in slot order into out [T][H]
  * (out = sum_k w_k * expert_k(x)). lookahead (may be NULL) is called once
  * the layer's reads are queued, so that predicted reads for later layers go
- * behind them. */
+ * behind them. Its time is charged to DF_BLK_EXPERTS (forward.h). */
 typedef void (*df_lookahead_fn)(df_fwd *f, int li, int T, void *user);
 int df_moe_experts(df_fwd *f, df_moe_work *w, int li, const float *xin, float *out, int T, int K,
                    df_lookahead_fn lookahead, void *user, df_error *err);

@@ -480,7 +480,10 @@ static int lookahead_depth(df_fwd *f) {
 static void lookahead(df_fwd *f, int li, int T, void *user) {
     (void)user;
     int depth = lookahead_depth(f);
-    if (depth) predict(f, df_moe_after(&f->m->cfg, li, depth), T);
+    if (!depth) return;
+    df_blk outer = df_blk_enter(f, DF_BLK_FFN); /* a router: the spine's work */
+    predict(f, df_moe_after(&f->m->cfg, li, depth), T);
+    df_blk_enter(f, outer);
 }
 
 /* y = routed experts + shared experts (Hugging Face's order). */
@@ -520,10 +523,15 @@ static int forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, d
     df_embed_rows(&m->embed, b->tokens, T, w->x);
     /* the first MoE layers are predicted from the embeddings */
     int depth = c->num_experts > 0 ? lookahead_depth(f) : 0;
+    df_blk_enter(f, DF_BLK_FFN); /* routers */
     for (int n = 1; n <= depth; n++) predict(f, df_moe_after(c, -1, n), T);
+    df_blk_enter(f, DF_BLK_OTHER);
     for (int li = 0; li < c->num_hidden_layers; li++) {
+        df_blk_enter(f, DF_BLK_ATTN);
         attention(f, b, li);
+        df_blk_enter(f, DF_BLK_FFN);
         int rc = feed_forward(f, li, T, err);
+        df_blk_enter(f, DF_BLK_OTHER);
         if (rc) return rc;
         if (f->on_layer) f->on_layer(f->layer_user, li + 1, c->num_hidden_layers, T);
     }

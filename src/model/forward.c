@@ -22,7 +22,9 @@ int df_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_er
             return df_fail(err, DF_ERR_ARG, "forward pass: row %d is at position %d, its sequence at %d + %d of %d",
                            i, b->pos[i], b->seq[i]->pos, before, b->seq[i]->max_ctx);
     }
+    f->blk = DF_BLK_OTHER, f->blk_t = df_now();
     int rc = f->m->cfg.arch->forward(f, b, logits, all_rows, err);
+    df_blk_enter(f, DF_BLK_OTHER); /* the pass's last block is charged */
     if (rc) {
         /* positional states stay; a recurrent one goes back to a kept position */
         for (int i = 0; i < b->n; i++)

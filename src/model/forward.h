@@ -14,6 +14,7 @@
 
 #include "model/model.h"
 #include "model/state.h"
+#include "util/util.h"
 
 typedef struct df_batch {
     int n;                   /* rows */
@@ -30,6 +31,19 @@ typedef void (*df_route_fn)(void *user, int layer, int row, int *ids);
 /* Called after each layer (progress displays). */
 typedef void (*df_layer_cb)(void *user, int layers_done, int n_layers, int rows);
 
+/* Where a pass's wall time goes (df_stats: the per-token split). The pass is
+ * always in one block; entering another charges the time since the last
+ * switch to the one it leaves: one clock read per switch, a few per layer. */
+typedef enum df_blk {
+    DF_BLK_OTHER,   /* embedding, residual adds and AttnRes mixing, final norm, LM head */
+    DF_BLK_KDA,     /* Kimi Delta Attention layers: norm, projections, convolutions, recurrence */
+    DF_BLK_ATTN,    /* softmax attention (GQA, MLA): norm, projections, attention over the cache */
+    DF_BLK_FFN,     /* the MoE spine and dense FFN: norm, routers (predictions too), shared
+                       experts, latent projections and norm */
+    DF_BLK_EXPERTS, /* df_moe_experts: routed experts' compute, and waits on their reads */
+    DF_BLK_N
+} df_blk;
+
 typedef struct df_fwd {
     const df_model *m;
     df_pool *pool;
@@ -40,7 +54,21 @@ typedef struct df_fwd {
     void *route_user;
     df_layer_cb on_layer;    /* may be NULL */
     void *layer_user;
+    /* seconds charged to each block, summed over passes (the engine takes
+     * them after each one); the block the pass is in and since when */
+    double block_s[DF_BLK_N];
+    df_blk blk;
+    double blk_t;
 } df_fwd;
+
+/* Enters block b; returns the block left (to go back to after a nested one). */
+static inline df_blk df_blk_enter(df_fwd *f, df_blk b) {
+    double now = df_now();
+    df_blk prev = f->blk;
+    f->block_s[prev] += now - f->blk_t;
+    f->blk = b, f->blk_t = now;
+    return prev;
+}
 
 /* Runs the batch (b->n <= f->max_rows): appends every row to its sequence's
  * state and advances the sequences. logits: NULL, or [n][vocab] when

@@ -229,7 +229,10 @@ static int lookahead_depth(df_fwd *f) {
 static void lookahead(df_fwd *f, int li, int T, void *user) {
     (void)user;
     int depth = lookahead_depth(f);
-    if (depth) predict(f, df_moe_after(&f->m->cfg, li, depth), T);
+    if (!depth) return;
+    df_blk outer = df_blk_enter(f, DF_BLK_FFN); /* a router: the spine's work */
+    predict(f, df_moe_after(&f->m->cfg, li, depth), T);
+    df_blk_enter(f, outer);
 }
 
 /* w->y = routed experts (in the latent width: down, experts, norm, up) +
@@ -256,24 +259,33 @@ static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
     return DF_OK;
 }
 
-/* w->y = FFN(rmsnorm(in)) */
+/* w->y = FFN(rmsnorm(in)), its time charged to DF_BLK_FFN (the routed
+ * experts' to DF_BLK_EXPERTS) */
 static int feed_forward(df_fwd *f, const layer *L, int li, const float *in, int T, df_error *err) {
     const df_config *c = &f->m->cfg;
     work *w = f->work;
+    df_blk_enter(f, DF_BLK_FFN);
     df_rmsnorm_rows(w->xb, in, L->ffn_norm, T, c->hidden_size, (float)c->rms_norm_eps);
-    if (L->is_moe) return moe(f, L, li, T, err);
-    df_act act = df_act_of(c);
-    df_gated_mlp(f->pool, &act, &L->gate.v, &L->up.v, &L->down.v, w->xb, w->y, w->hg, w->hu, T);
-    return DF_OK;
+    int rc = DF_OK;
+    if (L->is_moe) {
+        rc = moe(f, L, li, T, err);
+    } else {
+        df_act act = df_act_of(c);
+        df_gated_mlp(f->pool, &act, &L->gate.v, &L->up.v, &L->down.v, w->xb, w->y, w->hg, w->hu, T);
+    }
+    df_blk_enter(f, DF_BLK_OTHER);
+    return rc;
 }
 
-/* w->y = Attn(rmsnorm(in)) */
+/* w->y = Attn(rmsnorm(in)), its time charged to DF_BLK_KDA or DF_BLK_ATTN */
 static void attention(df_fwd *f, const df_batch *b, const layer *L, int li, const float *in) {
     const df_config *c = &f->m->cfg;
     work *w = f->work;
+    df_blk_enter(f, L->linear ? DF_BLK_KDA : DF_BLK_ATTN);
     df_rmsnorm_rows(w->xb, in, L->attn_norm, b->n, c->hidden_size, (float)c->rms_norm_eps);
     if (L->linear) kda(f, b, L, li);
     else mla(f, b, L, li);
+    df_blk_enter(f, DF_BLK_OTHER);
 }
 
 /* ---- the forward pass ------------------------------------------------------------------- */
@@ -324,7 +336,9 @@ int kl_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_er
     int T = b->n, H = c->hidden_size, n_anchor = 0;
     df_embed_rows(&m->embed, b->tokens, T, w->x);
     int depth = c->num_experts > 0 ? lookahead_depth(f) : 0;
+    df_blk_enter(f, DF_BLK_FFN); /* routers */
     for (int n = 1; n <= depth; n++) predict(f, df_moe_after(c, -1, n), T);
+    df_blk_enter(f, DF_BLK_OTHER);
     for (int li = 0; li < c->num_hidden_layers; li++) {
         const layer *L = &fm->layers[li];
         int rc = c->attn_res_block ? layer_attn_res(f, b, L, li, &n_anchor, err) : layer_plain(f, b, L, li, err);
