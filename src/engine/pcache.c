@@ -458,15 +458,18 @@ void df_pcache_release(df_pcache *pc, const df_pc_blob *b) {
 /* ---- writing -------------------------------------------------------------------------------- */
 
 #ifdef DF_TEST_HOOKS
-/* DF_TEST_PCACHE_FAIL_WRITE=k: the k-th write of this process fails as on a
- * full disk (tests; the release build has no such hook). */
-static int injected_failure(void) {
-    static int writes;
-    const char *v = getenv("DF_TEST_PCACHE_FAIL_WRITE");
-    return v && ++writes == atoi(v) ? ENOSPC : 0;
+/* DF_TEST_PCACHE_FULL set: writes fail as on a full disk, after a part of
+ * the file is written (tests; the release build has no such hook). */
+static int injected_failure(int fd) {
+    if (!getenv("DF_TEST_PCACHE_FULL")) return 0;
+    df_pwrite_full(fd, "DFPC", 4, 0);
+    return ENOSPC;
 }
 #else
-static int injected_failure(void) { return 0; }
+static int injected_failure(int fd) {
+    (void)fd;
+    return 0;
+}
 #endif
 
 /* Writes b under a temporary name, then renames it; 0 or an errno. */
@@ -476,7 +479,7 @@ static int write_file(df_pcache *pc, const df_pc_blob *b, const char *path) {
     char *tmp = df_path_join(pc->dir, name);
     int rc = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) rc = errno;
-    else if (!(rc = injected_failure()))
+    else if (!(rc = injected_failure(fd)))
         rc = df_pwrite_full(fd, b->data, b->size, 0);
     if (fd >= 0 && close(fd) != 0 && !rc) rc = errno;
     if (!rc && rename(tmp, path) != 0) rc = errno;
