@@ -162,11 +162,13 @@ typedef struct df_stats {
     /* Prompt cache (all zero without one): restores that found a cached
      * prefix, and that did not; positions restored; bytes of files read and
      * written; files removed to keep the directory under its size; segments
-     * taken from the RAM tier and its bytes now; 1 when a failed write (a
+     * taken from the RAM tier and its bytes now; wall time restoring
+     * (reading, checking, loading) and storing; 1 when a failed write (a
      * full disk) turned writing off. */
     uint64_t pcache_hits, pcache_misses, pcache_tokens;
     uint64_t pcache_bytes_read, pcache_bytes_written, pcache_evicted;
     uint64_t pcache_ram_hits, pcache_ram_bytes;
+    double pcache_restore_s, pcache_store_s;
     int pcache_writes_off;
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
@@ -442,7 +444,7 @@ typedef struct df_generate_result {
     int produced;        /* new tokens passed to on_token */
     int decoded;         /* of which decode steps produced (the first comes from the prompt) */
     df_finish finish;
-    double prefill_s, decode_s;
+    double prefill_s, decode_s; /* prefill_s: up to the prompt's logits, a restore included */
 } df_generate_result;
 
 /* Generates after prompt[0..n) (n >= 1). The session then holds the prompt

@@ -239,20 +239,23 @@ void cli_pcache_report(FILE *ev, bool text, const cli_stats *st) {
     if (!s->pcache_hits && !s->pcache_misses && !s->pcache_bytes_written && !s->pcache_writes_off) return;
     if (text)
         fprintf(stderr,
-                "prompt cache: hits %llu misses %llu, %llu tokens restored; read %.3f MB (%llu from RAM), "
-                "written %.3f MB, %llu files evicted%s\n",
+                "prompt cache: hits %llu misses %llu, %llu tokens restored; read %.3f MB (%llu from RAM) "
+                "in %.3f s, written %.3f MB in %.3f s, %llu files evicted%s\n",
                 (unsigned long long)s->pcache_hits, (unsigned long long)s->pcache_misses,
                 (unsigned long long)s->pcache_tokens, (double)s->pcache_bytes_read / 1e6,
-                (unsigned long long)s->pcache_ram_hits, (double)s->pcache_bytes_written / 1e6,
-                (unsigned long long)s->pcache_evicted, s->pcache_writes_off ? "; writing turned off" : "");
+                (unsigned long long)s->pcache_ram_hits, s->pcache_restore_s, (double)s->pcache_bytes_written / 1e6,
+                s->pcache_store_s, (unsigned long long)s->pcache_evicted,
+                s->pcache_writes_off ? "; writing turned off" : "");
     if (ev)
         fprintf(ev,
                 "{\"event\":\"prompt_cache\",\"hits\":%llu,\"misses\":%llu,\"tokens\":%llu,\"bytes_read\":%llu,"
-                "\"ram_hits\":%llu,\"bytes_written\":%llu,\"evicted\":%llu,\"writes_off\":%s}\n",
+                "\"ram_hits\":%llu,\"bytes_written\":%llu,\"evicted\":%llu,\"restore_s\":%.6f,\"store_s\":%.6f,"
+                "\"writes_off\":%s}\n",
                 (unsigned long long)s->pcache_hits, (unsigned long long)s->pcache_misses,
                 (unsigned long long)s->pcache_tokens, (unsigned long long)s->pcache_bytes_read,
                 (unsigned long long)s->pcache_ram_hits, (unsigned long long)s->pcache_bytes_written,
-                (unsigned long long)s->pcache_evicted, s->pcache_writes_off ? "true" : "false");
+                (unsigned long long)s->pcache_evicted, s->pcache_restore_s, s->pcache_store_s,
+                s->pcache_writes_off ? "true" : "false");
 }
 
 /* The speculative decoder's record as one JSON line. */

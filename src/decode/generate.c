@@ -72,12 +72,12 @@ static void store_prompt(loop *L, int from, int n) {
  * n - 1 comes from the snapshot kept for it. Others store after. */
 static int prefill(loop *L, const int32_t *prompt, int n, df_error *err) {
     const df_generate_opts *o = L->o;
+    double t0 = df_now();
     int keep = prefill_start(L, prompt, n, err);
     if (keep < 0) return err->code;
     df_session_keep(L->s, n); /* a later prompt may share this one */
     if (L->every) df_session_keep(L->s, n - 1);
     bool split = L->every && df_session_keep_limit(L->s) != INT_MAX;
-    double t0 = df_now();
     df_session_set_progress(L->s, o->prefill_progress, o->progress_user);
     int rc = DF_OK, chunk = o->prefill_chunk > 0 ? o->prefill_chunk : n;
     for (int i = keep, k; i < n && !rc; i += k) {

@@ -62,6 +62,7 @@ typedef struct df_pc_blob {
 
 typedef struct df_pc_stats {
     uint64_t hits, misses, tokens, bytes_read, bytes_written, evicted, ram_hits, ram_bytes;
+    double restore_s, store_s; /* wall time restoring (reading, checking, loading) and storing */
     int writes_off;
 } df_pc_stats;
 

@@ -97,6 +97,8 @@ void df_engine_pcache_stats(const df_engine *e, df_stats *o) {
     o->pcache_ram_hits = s->ram_hits;
     o->pcache_ram_bytes = s->ram_bytes;
     o->pcache_writes_off = s->writes_off;
+    o->pcache_restore_s = s->restore_s;
+    o->pcache_store_s = s->store_s;
 }
 
 /* ---- restoring ------------------------------------------------------------------------------ */
@@ -152,6 +154,7 @@ int df_session_cache_restore(df_session *s, const int32_t *prompt, int lim, df_e
     }
     int *qs, n;
     df_pc_key *keys;
+    double t0 = df_now();
     df_pcache_list(pc, at, lim, &qs, &keys, &n);
     chain *c = df_xmalloc(sizeof *c);
     int lastq = -1;
@@ -163,6 +166,7 @@ int df_session_cache_restore(df_session *s, const int32_t *prompt, int lim, df_e
     }
     free(c), free(qs), free(keys);
     df_pc_stats *st = df_pcache_stats(pc);
+    st->restore_s += df_now() - t0;
     if (s->seq->pos > at) {
         st->hits++;
         st->tokens += (uint64_t)(s->seq->pos - at);
@@ -176,11 +180,11 @@ int df_session_cache_restore(df_session *s, const int32_t *prompt, int lim, df_e
 
 /* The longest cached prefix of ids[0..q) shorter than q, or 0. */
 static int cached_below(df_pcache *pc, const int32_t *ids, int q) {
-    int *qs, n, found = 0;
-    df_pc_key *keys;
+    int *qs, n, found = 0, lastq = -1;
+    df_pc_key *keys, k;
     df_pcache_list(pc, 0, q - 1, &qs, &keys, &n);
-    for (int i = 0; i < n && !found; i++) {
-        df_pc_key k = df_pcache_key(pc, ids, qs[i]);
+    for (int i = 0; i < n && !found; i++) { /* highest first: one key per position */
+        if (qs[i] != lastq) k = df_pcache_key(pc, ids, lastq = qs[i]);
         if (!memcmp(k.b, keys[i].b, 16)) found = qs[i];
     }
     free(qs), free(keys);
@@ -193,6 +197,7 @@ int df_session_cache_store(df_session *s, int q) {
     if (!pc || q <= 0 || !df_seq_can_save(seq, q)) return 0;
     df_pc_key key = df_pcache_key(pc, s->tokens, q);
     if (df_pcache_has(pc, q, &key)) return 1;
+    double t0 = df_now();
     int from = cached_below(pc, s->tokens, q);
     df_seq_layer_desc layout[seq->n_layers];
     df_seq_layout(seq, layout);
@@ -203,5 +208,6 @@ int df_session_cache_store(df_session *s, int q) {
         return 0;
     }
     df_pcache_put(pc, b);
+    df_pcache_stats(pc)->store_s += df_now() - t0;
     return 1;
 }
