@@ -267,8 +267,11 @@ void df_session_set_progress(df_session *s, df_progress_fn fn, void *user);
 
 /* The prompt cache (df_engine_opts.prompt_cache). df_generate uses it on
  * its own; these are for callers that evaluate prompts themselves.
- * df_prompt_cache_interval: the positions stored besides a prompt's end are
- * its multiples; 0 when the engine has no prompt cache.
+ * df_prompt_cache_interval: the interval the engine was opened with, 0 when
+ * it has no prompt cache. df_session_cache_interval: the positions of a
+ * prompt stored besides its end are its multiples (the engine's interval,
+ * or more for a model whose recurrent state, which every stored segment
+ * carries whole, outweighs that many positions); 0 without a prompt cache.
  * df_session_cache_restore: the session must hold the first df_session_pos
  * tokens of prompt; restores the longest cached prefix of prompt[0..lim)
  * that is longer, if any (bit for bit the state a prefill would give), and
@@ -280,6 +283,7 @@ void df_session_set_progress(df_session *s, df_progress_fn fn, void *user);
  * has it now, 0 when not. Never fails: a write error is a warning and turns
  * writing off. */
 int df_prompt_cache_interval(const df_engine *eng);
+int df_session_cache_interval(const df_session *s);
 int df_session_cache_restore(df_session *s, const int32_t *prompt, int lim, df_error *err);
 int df_session_cache_store(df_session *s, int pos);
 

@@ -179,7 +179,7 @@ int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_o
     int room = cap - n;
     loop L = {s, o, res, df_engine_info(df_session_engine(s))->vocab_size,
               o->max_new && o->max_new < room ? o->max_new : room, NULL, n, NULL,
-              df_prompt_cache_interval(df_session_engine(s))};
+              df_session_cache_interval(s)};
     L.hist = df_xmalloc(sizeof(int32_t) * ((size_t)n + (size_t)L.limit));
     memcpy(L.hist, prompt, sizeof(int32_t) * (size_t)n);
     L.logits = df_xmalloc(sizeof(float) * (size_t)L.V);

@@ -435,7 +435,6 @@ const df_pc_blob *df_pcache_get(df_pcache *pc, int q, const df_pc_key *key, cons
         b = NULL;
     }
     if (b) {
-        utimensat(AT_FDCWD, path, NULL, 0); /* recently used */
         b->payload = b->data + DF_PC_HEADER + (size_t)n_layers * LAYER_DESC + (size_t)q * 4;
     }
     free(path);
@@ -444,6 +443,12 @@ const df_pc_blob *df_pcache_get(df_pcache *pc, int q, const df_pc_key *key, cons
         pc->ram[i].refs++;
     }
     return b;
+}
+
+void df_pcache_touch(df_pcache *pc, int q, const df_pc_key *key) {
+    char *path = seg_path(pc, q, key);
+    utimensat(AT_FDCWD, path, NULL, 0);
+    free(path);
 }
 
 void df_pcache_release(df_pcache *pc, const df_pc_blob *b) {

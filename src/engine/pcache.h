@@ -21,8 +21,10 @@
  * ids[0..q)). Files are written under a temporary name and renamed, so a
  * reader sees whole files or none; one that does not verify (corrupt,
  * truncated, another model's, another layout) is removed with a warning.
- * The directory is kept under its size by removing the least recently used
- * files (mtime; a hit touches the file). A write that fails (full disk)
+ * The directory is kept under its size, after each write, by removing the
+ * least recently used files (mtime). A use touches a chain from its leaf to
+ * its root, so a chain's root is its most recent file and leaves go first.
+ * No fsync: a file cut short by a machine crash fails its checksum. A write that fails (full disk)
  * turns writing off with one warning. Several processes may share a
  * directory: names are unique per process, renames atomic, and a file that
  * vanishes between listing and reading is a miss.
@@ -101,5 +103,7 @@ bool df_pcache_head(df_pcache *pc, int q, const df_pc_key *key, df_pc_head *h);
 const df_pc_blob *df_pcache_get(df_pcache *pc, int q, const df_pc_key *key, const int32_t *ids,
                                 const df_seq_layer_desc *layout, int n_layers, uint64_t payload);
 void df_pcache_release(df_pcache *pc, const df_pc_blob *b);
+/* Marks q's file as just used (its mtime). */
+void df_pcache_touch(df_pcache *pc, int q, const df_pc_key *key);
 
 #endif

@@ -85,6 +85,15 @@ int df_engine_setup_pcache(df_engine *e, const df_engine_opts *o, df_error *err)
 
 int df_prompt_cache_interval(const df_engine *e) { return e->pcache ? e->pc_every : 0; }
 
+int df_session_cache_interval(const df_session *s) {
+    if (!s->eng->pcache) return 0;
+    /* Every segment carries a recurrent state whole: at least as many rows as
+     * that takes, so that a long prompt writes at most about twice its state. */
+    uint64_t fixed = df_seq_seg_bytes(s->seq, 0, 0), row = df_seq_seg_bytes(s->seq, 0, 1) - fixed;
+    uint64_t rows = row ? (fixed + row - 1) / row : 0;
+    return rows > (uint64_t)s->eng->pc_every ? (rows > INT32_MAX ? INT32_MAX : (int)rows) : s->eng->pc_every;
+}
+
 void df_engine_pcache_stats(const df_engine *e, df_stats *o) {
     if (!e->pcache) return;
     const df_pc_stats *s = df_pcache_stats(e->pcache);
@@ -125,6 +134,12 @@ static bool find_chain(df_pcache *pc, const int32_t *ids, int q, df_pc_key key, 
     }
 }
 
+/* Marks a chain used from its leaf to its root: the root, which every later
+ * link needs, is then the most recent and goes last. */
+static void touch_chain(df_pcache *pc, const chain *c, int from) {
+    for (int i = from; i < c->n; i++) df_pcache_touch(pc, c->q[i], &c->key[i]);
+}
+
 /* Loads the chain's segments from the root up; stops at one that cannot be
  * had (the session is then at the last one loaded). */
 static void load_chain(df_session *s, const chain *c, const int32_t *ids) {
@@ -136,11 +151,15 @@ static void load_chain(df_session *s, const chain *c, const int32_t *ids) {
         int q = c->q[i], from = c->from[i];
         const df_pc_blob *b = df_pcache_get(pc, q, &c->key[i], ids, layout, seq->n_layers,
                                             df_seq_seg_bytes(seq, from, q));
-        if (!b) return;
+        if (!b) {
+            touch_chain(pc, c, i + 1);
+            return;
+        }
         df_seq_load(seq, from, q, b->payload);
         memcpy(s->tokens, ids, sizeof(int32_t) * (size_t)q);
         df_pcache_release(pc, b);
     }
+    touch_chain(pc, c, 0);
 }
 
 int df_session_cache_restore(df_session *s, const int32_t *prompt, int lim, df_error *err) {
@@ -208,6 +227,9 @@ int df_session_cache_store(df_session *s, int q) {
         return 0;
     }
     df_pcache_put(pc, b);
+    chain *c = df_xmalloc(sizeof *c); /* the new file's ancestors: used now */
+    if (from && find_chain(pc, s->tokens, from, df_pcache_key(pc, s->tokens, from), 0, c)) touch_chain(pc, c, 0);
+    free(c);
     df_pcache_stats(pc)->store_s += df_now() - t0;
     return 1;
 }
