@@ -85,6 +85,18 @@ typedef struct df_engine_opts {
     /* 1: opened only to be described (inspect): weights used in place are
      * left mapped, not read into memory ahead of use. */
     int describe_only;
+    /* Prompt cache (README "Prompt cache"): a directory of session states
+     * keyed by this model and the tokens before them, so that a prompt
+     * starting like an earlier one (in this process or another, before a
+     * restart) prefills only the rest. NULL: none. prompt_cache_size: most
+     * bytes of files there (0: 4 GiB; least recently used go first).
+     * prompt_cache_ram: bytes of recent states also kept in RAM (0: none;
+     * count them in reserve_bytes under a budget). prompt_cache_every: the
+     * prompt positions stored, besides its end, are its multiples (0: 1024). */
+    const char *prompt_cache;
+    uint64_t prompt_cache_size;
+    uint64_t prompt_cache_ram;
+    int prompt_cache_every;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -154,6 +166,17 @@ typedef struct df_stats {
     const char *cache_sizing;   /* what set cache_bytes: "all experts fit", "--ram-budget",
                                    "--expert-cache" or "available memory" */
     uint64_t mem_available;     /* the machine's available memory then (MemAvailable) */
+    /* Prompt cache (all zero without one): restores that found a cached
+     * prefix, and that did not; positions restored; bytes of files read and
+     * written; files removed to keep the directory under its size; segments
+     * taken from the RAM tier and its bytes now; wall time restoring
+     * (reading, checking, loading) and storing; 1 when a failed write (a
+     * full disk) turned writing off. */
+    uint64_t pcache_hits, pcache_misses, pcache_tokens;
+    uint64_t pcache_bytes_read, pcache_bytes_written, pcache_evicted;
+    uint64_t pcache_ram_hits, pcache_ram_bytes;
+    double pcache_restore_s, pcache_store_s;
+    int pcache_writes_off;
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 
@@ -248,6 +271,28 @@ int df_session_keep_limit(const df_session *s);
  * displays on long prompts. */
 typedef void (*df_progress_fn)(void *user, int layer, int n_layers, int rows_done, int rows_total);
 void df_session_set_progress(df_session *s, df_progress_fn fn, void *user);
+
+/* The prompt cache (df_engine_opts.prompt_cache). df_generate uses it on
+ * its own; these are for callers that evaluate prompts themselves.
+ * df_prompt_cache_interval: the interval the engine was opened with, 0 when
+ * it has no prompt cache. df_session_cache_interval: the positions of a
+ * prompt stored besides its end are its multiples (the engine's interval,
+ * or more for a model whose recurrent state, which every stored segment
+ * carries whole, outweighs that many positions); 0 without a prompt cache.
+ * df_session_cache_restore: the session must hold the first df_session_pos
+ * tokens of prompt; restores the longest cached prefix of prompt[0..lim)
+ * that is longer, if any (bit for bit the state a prefill would give), and
+ * returns the position the session is at (-1 with err when it holds other
+ * tokens). Files that do not verify are removed with a warning.
+ * df_session_cache_store: stores the state after the session's first pos
+ * tokens (pos <= df_session_pos; with recurrent state, its position or a
+ * position kept with df_session_keep that it has passed); 1 when the cache
+ * has it now, 0 when not. Never fails: a write error is a warning and turns
+ * writing off. */
+int df_prompt_cache_interval(const df_engine *eng);
+int df_session_cache_interval(const df_session *s);
+int df_session_cache_restore(df_session *s, const int32_t *prompt, int lim, df_error *err);
+int df_session_cache_store(df_session *s, int pos);
 
 /* Evaluates n tokens at the session's current position.
  * logits: NULL, or room for vocab_size floats (want_all_rows == 0: last row only)
@@ -405,11 +450,12 @@ typedef struct df_generate_opts {
 } df_generate_opts;
 
 typedef struct df_generate_result {
-    int prompt_reused;   /* prompt tokens the session already held */
+    int prompt_reused;   /* prompt tokens the session already held or restored */
+    int prompt_cached;   /* of which restored from the prompt cache */
     int produced;        /* new tokens passed to on_token */
     int decoded;         /* of which decode steps produced (the first comes from the prompt) */
     df_finish finish;
-    double prefill_s, decode_s;
+    double prefill_s, decode_s; /* prefill_s: up to the prompt's logits, a restore included */
 } df_generate_result;
 
 /* Generates after prompt[0..n) (n >= 1). The session then holds the prompt

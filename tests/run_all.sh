@@ -81,6 +81,7 @@ run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
 run_counted real-layout bash tests/test_real_layout.sh "$B/deltafin-san"
 run_counted budget bash tests/test_budget.sh "$B/deltafin"
 run_counted server bash tests/test_server.sh "$B/deltafin-san"
+run_counted prompt-cache bash tests/test_pcache.sh "$B/deltafin-san"
 run_counted replay bash tests/test_replay.sh "$B/deltafin-san"
 run_counted bench-report bash tests/test_bench_report.sh
 run_counted tokenizer-diff bash tests/test_tokenizer_diff.sh

@@ -8,7 +8,7 @@
 # test with an RSS bound, the API key from a file or the environment, and a
 # clean, leak-free shutdown; at the HTTP level (tests/server/http_edge.py, raw
 # sockets): request framing, half-closed clients, the request timeout and the
-# per-address connection limit.
+# per-address connection limit; the prompt cache across a restart and its RAM tier.
 # Ends with "N passed, N failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -603,6 +603,52 @@ EOF
 # DeepSeek-V3: <｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜> is 4 tokens
 fam_server ds "$FMODELS/engine-ds-chat" 4 '<｜end▁of▁sentence｜>' '<｜User｜>' '<｜Assistant｜>' '<｜begin▁of▁sentence｜>'
 fam_server kimi "$FMODELS/engine-kimi" "" '<|im_end|>' '<|im_assistant|>' '<|im_middle|>'
+
+# ---- prompt cache: a restarted server restores the prompt from disk (usage's
+# prompt_tokens_details.cached_tokens, the same text), a later turn resumes, and a
+# prompt the session no longer holds comes back from the RAM tier (/metrics)
+PORT7=$((PORT + 5000))
+U7=http://127.0.0.1:$PORT7
+SYS=$(printf 'You are a careful assistant who answers in short sentences. %.0s' $(seq 30))
+pc_turn() { node tests/server/pcache.mjs "$U7/v1" "$1" "$2"; } # SYSTEM USER -> JSON line
+pc_field() { $PY -c "import json,sys; print(json.loads(sys.argv[1]).get('$2'))" "$1"; }
+pc_metric() { curl -s "$U7/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+if [ -d tests/server/node_modules/openai ]; then
+    start_server "$T/pc1.log" "$PORT7" --ctx 2048 --prompt-cache "$T/pc" --prompt-cache-every 64 \
+        || bad pcache-serve "did not start"
+    a=$(pc_turn "$SYS" "Name a colour.")
+    kill -TERM "$SPID"; wait "$SPID"; PIDS=("${PIDS[@]/$SPID}")
+    start_server "$T/pc2.log" "$PORT7" --ctx 2048 --prompt-cache "$T/pc" --prompt-cache-every 64 \
+        || bad pcache-serve "did not start again"
+    b=$(pc_turn "$SYS" "Name a colour.")
+    np=$(pc_field "$a" prompt)
+    if [ "$(pc_field "$a" cached)" = 0 ] && [ "$(pc_field "$a" stream_cached)" = $((np - 1)) ] \
+       && [ "$(pc_field "$b" cached)" = $((np - 1)) ] && [ "$(pc_field "$b" text)" = "$(pc_field "$a" text)" ] \
+       && [ "$(pc_field "$b" stream_text)" = "$(pc_field "$a" text)" ] && [ "$np" -gt 200 ]; then
+        ok pcache-restart
+    else
+        bad pcache-restart "before: $a; after: $b"
+    fi
+    [ "$(pc_metric deltafin_prompt_cache_hits_total)" = 1 ] && [ "$(pc_metric deltafin_prompt_cache_tokens_restored_total)" = $((np - 1)) ] \
+        && [ "$(pc_metric deltafin_prompt_cache_bytes_read_total)" -gt 0 ] \
+        && ok pcache-metrics || bad pcache-metrics "$(curl -s "$U7/metrics" | grep -E 'prompt_cache|cached')"
+    # another system prompt, then the first again: from the RAM tier, no disk read
+    c=$(pc_turn "Be terse." "Name a colour.")
+    read0=$(pc_metric deltafin_prompt_cache_bytes_read_total)
+    d=$(pc_turn "$SYS" "Name a colour.")
+    if [ "$(pc_field "$d" cached)" = $((np - 1)) ] && [ "$(pc_field "$d" text)" = "$(pc_field "$a" text)" ] \
+       && [ "$(pc_metric deltafin_prompt_cache_ram_hits_total)" -ge 1 ] \
+       && [ "$(pc_metric deltafin_prompt_cache_bytes_read_total)" = "$read0" ]; then
+        ok pcache-ram-tier
+    else
+        bad pcache-ram-tier "$c / $d: $(curl -s "$U7/metrics" | grep -E 'prompt_cache')"
+    fi
+    kill -TERM "$SPID"; rc=0; wait "$SPID" || rc=$?; PIDS=("${PIDS[@]/$SPID}")
+    [ $rc -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/pc1.log" "$T/pc2.log" && ok pcache-shutdown \
+        || bad pcache-shutdown "exit $rc: $(grep -hE -A12 'Sanitizer|runtime error' "$T/pc1.log" "$T/pc2.log" | head -30)"
+else
+    bad pcache-restart "tests/server/node_modules missing: run scripts/setup.sh"
+fi
 
 # ---- metrics and clean shutdown (no leak or sanitizer report)
 curl -s "$U/metrics" >"$T/metrics"

@@ -67,6 +67,15 @@ static int set_api_key(const cli_opt *o, void *dst, const char *v) {
     return cli_set_str(o, dst, v);
 }
 
+static int set_pc_ram(const cli_opt *o, void *dst, const char *v) {
+    uint64_t b;
+    cli_opt lo = *o;
+    lo.off = 0;
+    if (cli_set_size(&lo, &b, v)) return 1;
+    A(dst)->prompt_cache_ram = (int64_t)(b > INT64_MAX ? INT64_MAX : b);
+    return 0;
+}
+
 /* ---- the table --------------------------------------------------------------------- */
 
 const cli_opt CLI_OPTS[] = {
@@ -104,6 +113,17 @@ const cli_opt CLI_OPTS[] = {
      "project's test machine it has not paid yet; docs/prefetch.md)", cli_set_str, F(prefetch), 0, 0},
     {"--pin", "SIZE", "pinned tier: the hottest experts by the heat histogram kept next\n"
      "to the pack (experts.heat) are read at start-up and never evicted", cli_set_size, F(pin), 0, 0},
+    {"--prompt-cache", "DIR", "keep session states in DIR, keyed by the model and the tokens\n"
+     "before them: a prompt that starts like an earlier one (also\n"
+     "after a restart, or from another process) prefills only the\n"
+     "rest, with the same output (README: Prompt cache)", cli_set_str, F(prompt_cache), 0, 0},
+    {"--prompt-cache-size", "SIZE", "most bytes of files in the --prompt-cache directory (default\n"
+     "4G); least recently used go first", cli_set_size, F(prompt_cache_size), 0, 0},
+    {"--prompt-cache-every", "N", "store a long prompt's state every N positions too, besides its\n"
+     "end (default 1024)", cli_set_int, F(prompt_cache_every), 1, 1 << 24},
+    {"--prompt-cache-ram", "SIZE", "serve: recent states also kept in RAM, so that the next turn\n"
+     "resumes without a disk read (default 256M; 0: none; counted in\n"
+     "--ram-budget)", set_pc_ram, 0, 0, 0},
     /* run: prompt and chat */
     {"--prompt", "TEXT", "prompt text (the tokenizer's special tokens are recognised)", cli_set_str, F(prompt), 0,
      0},
@@ -212,6 +232,7 @@ const char CLI_BENCH_ONLY[] = "--replay-routing --sim-disk --prefetch-depth --pr
                               "--prompt-seed";
 
 #define ENGINE_NAMES "--threads --isa --ctx --chunk --experts --ram-budget --expert-cache --policy --prefetch --pin"
+#define PCACHE_NAMES "--prompt-cache --prompt-cache-size --prompt-cache-every"
 #define SAMPLING_NAMES "--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n"
 #define DRAFT_NAMES "--draft --draft-k --lookup-n --draft-rejection"
 
@@ -219,6 +240,7 @@ const cli_section CLI_RUN_SECTIONS[] = {
     {NULL, "--model --prompt --prompt-tokens --chat --system --no-think --think"},
     {"sampling", "--max-new " SAMPLING_NAMES " --seed"},
     {"engine", ENGINE_NAMES},
+    {"prompt cache", PCACHE_NAMES},
     {"output", "--print-ids --stats --events --io-bw"},
     {"speculative decoding", DRAFT_NAMES},
     {0},
@@ -235,6 +257,7 @@ const cli_section CLI_SERVE_SECTIONS[] = {
            "--request-timeout --max-conns-per-ip"},
     {"defaults of a request", "--max-new " SAMPLING_NAMES " --no-think --think"},
     {"engine", ENGINE_NAMES},
+    {"prompt cache", PCACHE_NAMES " --prompt-cache-ram"},
     {"speculative decoding (every request)", DRAFT_NAMES},
     {0},
 };
@@ -252,6 +275,7 @@ void cli_args_init(cli_args *a) {
     a->max_body = 1 << 20;
     a->request_timeout = 30;
     a->max_per_ip = 32;
+    a->prompt_cache_ram = -1;
 }
 
 df_engine_opts cli_engine_opts(const cli_args *a) {
@@ -259,7 +283,9 @@ df_engine_opts cli_engine_opts(const cli_args *a) {
                             .experts = a->experts, .ram_budget = a->ram_budget, .context = a->ctx,
                             .expert_cache = a->expert_cache, .cache_policy = a->policy,
                             .pin_bytes = a->pin, .prefill_chunk = a->chunk, .prefetch = a->prefetch,
-                            .describe_only = a->describe_only};
+                            .describe_only = a->describe_only, .prompt_cache = a->prompt_cache,
+                            .prompt_cache_size = a->prompt_cache_size,
+                            .prompt_cache_every = a->prompt_cache_every};
 }
 
 void cli_die_err(const df_error *e) {

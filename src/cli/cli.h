@@ -21,6 +21,11 @@ typedef struct cli_args {
     const char *model, *isa, *experts, *policy, *prefetch;
     uint64_t ram_budget, expert_cache, pin;
     int threads, ctx, chunk;
+    /* the prompt cache; prompt_cache_ram: serve's RAM tier (-1: its default) */
+    const char *prompt_cache;
+    uint64_t prompt_cache_size;
+    int64_t prompt_cache_ram;
+    int prompt_cache_every;
     bool describe_only; /* inspect: open without reading weights ahead */
     bool config_only;   /* inspect: config.json alone */
     uint64_t ram;       /* inspect --config-only: the machine's RAM */
@@ -121,6 +126,8 @@ void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats
                  const cli_stats *b, size_t n_prompt, double prefill_s, int n_dec, double dec_s, double io_bw,
                  uint64_t ram_budget, uint64_t storage_bytes);
 void cli_prefetch_report(FILE *ev, bool text, const cli_stats *st);
+/* The prompt cache's counters (nothing without one). */
+void cli_pcache_report(FILE *ev, bool text, const cli_stats *st);
 void cli_spec_events(FILE *ev, const df_spec *sp);
 uint64_t cli_storage_read_bytes(void);
 

@@ -280,6 +280,30 @@ void cli_prefetch_report(FILE *ev, bool text, const cli_stats *st) {
     }
 }
 
+void cli_pcache_report(FILE *ev, bool text, const cli_stats *st) {
+    const df_stats *s = &st->s;
+    if (!s->pcache_hits && !s->pcache_misses && !s->pcache_bytes_written && !s->pcache_writes_off) return;
+    if (text)
+        fprintf(stderr,
+                "prompt cache: hits %llu misses %llu, %llu tokens restored; read %.3f MB (%llu from RAM) "
+                "in %.3f s, written %.3f MB in %.3f s, %llu files evicted%s\n",
+                (unsigned long long)s->pcache_hits, (unsigned long long)s->pcache_misses,
+                (unsigned long long)s->pcache_tokens, (double)s->pcache_bytes_read / 1e6,
+                (unsigned long long)s->pcache_ram_hits, s->pcache_restore_s, (double)s->pcache_bytes_written / 1e6,
+                s->pcache_store_s, (unsigned long long)s->pcache_evicted,
+                s->pcache_writes_off ? "; writing turned off" : "");
+    if (ev)
+        fprintf(ev,
+                "{\"event\":\"prompt_cache\",\"hits\":%llu,\"misses\":%llu,\"tokens\":%llu,\"bytes_read\":%llu,"
+                "\"ram_hits\":%llu,\"bytes_written\":%llu,\"evicted\":%llu,\"restore_s\":%.6f,\"store_s\":%.6f,"
+                "\"writes_off\":%s}\n",
+                (unsigned long long)s->pcache_hits, (unsigned long long)s->pcache_misses,
+                (unsigned long long)s->pcache_tokens, (unsigned long long)s->pcache_bytes_read,
+                (unsigned long long)s->pcache_ram_hits, (unsigned long long)s->pcache_bytes_written,
+                (unsigned long long)s->pcache_evicted, s->pcache_restore_s, s->pcache_store_s,
+                s->pcache_writes_off ? "true" : "false");
+}
+
 /* The speculative decoder's record as one JSON line. */
 void cli_spec_events(FILE *ev, const df_spec *sp) {
     df_spec_stats ss;

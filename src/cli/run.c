@@ -167,6 +167,8 @@ static void run_check(cli_args *a, const cli_dev *dev) {
         cli_die(dev ? "give exactly one of --prompt, --prompt-tokens or --random-prompt"
                     : "give exactly one of --prompt or --prompt-tokens");
     if (a->chat && !a->prompt) cli_die("--chat needs --prompt");
+    if (!a->prompt_cache && (a->prompt_cache_size || a->prompt_cache_every))
+        cli_die("--prompt-cache-size and --prompt-cache-every need --prompt-cache");
     if (!a->draft && (a->draft_k || a->lookup_n || a->draft_fixed || a->draft_rejection))
         cli_die(dev ? "--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft"
                     : "--draft-k, --lookup-n and --draft-rejection need --draft");
@@ -209,6 +211,7 @@ static void run_reports(const cli_args *a, const cli_dev *dev, run_state *rs, co
                     gr->decode_s, a->io_bw, a->ram_budget, io_dec);
         if (dev && dev->prefetch_report) dev->prefetch_report(ev, a->stats, rs->e, last);
         else cli_prefetch_report(ev, a->stats, last);
+        cli_pcache_report(ev, a->stats, last);
         if (sp && a->stats) df_spec_report(sp, stderr);
         if (sp && ev) cli_spec_events(ev, sp);
     }

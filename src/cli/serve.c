@@ -15,6 +15,7 @@
 #include <string.h>
 
 #define API_KEY_ENV "DELTAFIN_API_KEY"
+#define DEFAULT_PC_RAM ((uint64_t)256 << 20) /* --prompt-cache-ram */
 
 static const cli_cmd SERVE_CMD = {
     .usage = "usage: deltafin serve --model DIR [options]\n"
@@ -98,8 +99,17 @@ static int start_failed(const df_error *err) {
 static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, df_spec **spec) {
     df_engine_opts eo = cli_engine_opts(a);
     df_error err;
-    char what[600];
+    char what[600], both[700];
     if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) return start_failed(&err);
+    if (a->prompt_cache) { /* the RAM tier is part of what the budget holds */
+        eo.prompt_cache_ram = a->prompt_cache_ram >= 0 ? (uint64_t)a->prompt_cache_ram : DEFAULT_PC_RAM;
+        if (eo.ram_budget && eo.prompt_cache_ram) {
+            snprintf(both, sizeof both, "%s%sthe prompt cache's RAM tier", eo.reserve_bytes ? what : "",
+                     eo.reserve_bytes ? " and " : "");
+            eo.reserve_bytes += eo.prompt_cache_ram;
+            eo.reserve_for = both;
+        }
+    }
     if (dev && dev->open ? dev->open(eng, &eo, a, &err) : df_engine_open(eng, &eo, &err)) return start_failed(&err);
     int max = df_engine_info(*eng)->max_context;
     if (a->ctx > max) { /* as `deltafin run` does: a context the model cannot use */
@@ -127,6 +137,8 @@ int cli_serve(cli_args *a, const cli_dev *dev) {
         cli_die(dev ? "--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft"
                     : "--draft-k, --lookup-n and --draft-rejection need --draft");
     if (!a->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
+    if (!a->prompt_cache && (a->prompt_cache_size || a->prompt_cache_every || a->prompt_cache_ram >= 0))
+        cli_die("--prompt-cache-size, --prompt-cache-every and --prompt-cache-ram need --prompt-cache");
     resolve_api_key(a);
     struct sockaddr_storage ss;
     socklen_t ss_len = listen_addr(a, &ss);

@@ -9,11 +9,19 @@
  * nothing extra for it. Steps then start with the session holding all of the
  * history but the token just drawn (df_spec_step's convention); a plain step
  * evaluates that token and samples the next.
+ *
+ * With the engine's prompt cache, the prefill first restores the longest
+ * cached prefix of the prompt beyond what the session holds, and stores the
+ * state at the prompt's end less its last token (so that the same prompt
+ * again evaluates one row), at the interval's multiples, and at the end of
+ * the generation (the next turn of a conversation starts with it).
  */
 #include "deltafin.h"
 
 #include "util/util.h"
 
+#include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 typedef struct loop {
@@ -24,33 +32,67 @@ typedef struct loop {
     int32_t *hist;       /* prompt + new tokens */
     int nh;
     float *logits;
+    int every;           /* the prompt cache's interval, 0: none */
 } loop;
 
-/* The prompt's rows the session does not hold; the last row's logits. */
-static int prefill(loop *L, const int32_t *prompt, int n, df_error *err) {
-    const df_generate_opts *o = L->o;
+/* The session's rows of the prompt, and what the prompt cache has beyond
+ * them; returns the position the prefill starts from, or -1 with err. */
+static int prefill_start(loop *L, const int32_t *prompt, int n, df_error *err) {
     int keep = 0;
-    if (o->reuse_prefix) {
+    if (L->o->reuse_prefix) {
         const int32_t *held = df_session_tokens(L->s);
         int have = df_session_pos(L->s);
         while (keep < have && keep < n - 1 && held[keep] == prompt[keep]) keep++;
     }
     /* the nearest position at or before that the session can return to */
-    if ((keep = df_session_rollback(L->s, keep, err)) < 0) return err->code;
+    if ((keep = df_session_rollback(L->s, keep, err)) < 0) return -1;
+    if (L->every) {
+        int at = df_session_cache_restore(L->s, prompt, n - 1, err);
+        if (at < 0) return -1;
+        L->r->prompt_cached = at - keep;
+        keep = at;
+    }
     L->r->prompt_reused = keep;
-    df_session_keep(L->s, n); /* a later prompt may share this one */
+    return keep;
+}
+
+/* The prompt cache's positions of the prompt from `from` up to the session's
+ * position: the multiples of the interval, and n - 1 (the prompt less its
+ * last token, whose logits the first token needs) once passed. */
+static void store_prompt(loop *L, int from, int n) {
+    int pos = df_session_pos(L->s);
+    for (int m = (from / L->every + 1) * L->every; m < n - 1 && m <= pos; m += L->every)
+        df_session_cache_store(L->s, m);
+    if (pos >= n - 1 && n - 1 > from) df_session_cache_store(L->s, n - 1);
+}
+
+/* The prompt's rows the session does not hold; the last row's logits. With
+ * a prompt cache, a model with recurrent state splits its chunks at the
+ * interval's multiples and stores each there (the state exists only then);
+ * n - 1 comes from the snapshot kept for it. Others store after. */
+static int prefill(loop *L, const int32_t *prompt, int n, df_error *err) {
+    const df_generate_opts *o = L->o;
     double t0 = df_now();
+    int keep = prefill_start(L, prompt, n, err);
+    if (keep < 0) return err->code;
+    df_session_keep(L->s, n); /* a later prompt may share this one */
+    if (L->every) df_session_keep(L->s, n - 1);
+    bool split = L->every && df_session_keep_limit(L->s) != INT_MAX;
     df_session_set_progress(L->s, o->prefill_progress, o->progress_user);
     int rc = DF_OK, chunk = o->prefill_chunk > 0 ? o->prefill_chunk : n;
-    for (int i = keep; i < n && !rc; i += chunk) {
+    for (int i = keep, k; i < n && !rc; i += k) {
         if (o->cancelled && o->cancelled(o->user)) {
             L->r->finish = DF_FINISH_CANCELLED;
             break;
         }
-        int k = n - i < chunk ? n - i : chunk;
+        k = n - i < chunk ? n - i : chunk;
+        int m = (i / (split ? L->every : 1) + 1) * L->every;
+        if (split && m < n - 1 && i + k > m) k = m - i;
         rc = df_session_eval(L->s, prompt + i, k, L->logits, 0, err);
+        if (!rc && split && i + k == m) df_session_cache_store(L->s, m);
     }
     df_session_set_progress(L->s, NULL, NULL);
+    if (L->every) store_prompt(L, keep, n);
     L->r->prefill_s = df_now() - t0;
     if (!rc && o->on_prefill) o->on_prefill(o->user, n - keep, L->r->prefill_s);
     return rc;
@@ -136,12 +178,15 @@ int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_o
     /* the context holds the prompt and every new token */
     int room = cap - n;
     loop L = {s, o, res, df_engine_info(df_session_engine(s))->vocab_size,
-              o->max_new && o->max_new < room ? o->max_new : room, NULL, n, NULL};
+              o->max_new && o->max_new < room ? o->max_new : room, NULL, n, NULL,
+              df_session_cache_interval(s)};
     L.hist = df_xmalloc(sizeof(int32_t) * ((size_t)n + (size_t)L.limit));
     memcpy(L.hist, prompt, sizeof(int32_t) * (size_t)n);
     L.logits = df_xmalloc(sizeof(float) * (size_t)L.V);
     int rc = prefill(&L, prompt, n, err);
     if (!rc && res->finish != DF_FINISH_CANCELLED) rc = decode(&L, err);
+    /* the end of the turn: the next one in a conversation starts with it */
+    if (!rc && L.every && res->produced > 0) df_session_cache_store(s, df_session_pos(s));
     free(L.hist);
     free(L.logits);
     return rc;

@@ -3,7 +3,8 @@
  * benchmark controls): opening a checkpoint (model, generation config,
  * tokenizer, the budget and the expert source, thread pool), what it says
  * about itself (df_model_info, df_stats) and closing it. The other files of
- * this room: budget.c, residency.c, session.c, text.c, inspect.c, replay.c.
+ * this room: budget.c, residency.c, session.c, text.c, inspect.c, replay.c,
+ * pcache.c and pcache_session.c (the prompt cache).
  */
 #include "engine/internal.h"
 
@@ -167,6 +168,10 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
     e->chat = df_chat_template_for_tokenizer(c->arch->chat, e->tok);
     e->pool = df_pool_new(nt);
     fill_info(e, isa, nt);
+    if ((rc = df_engine_setup_pcache(e, opts, err))) {
+        df_engine_close(e);
+        return rc;
+    }
     *out = e;
     return DF_OK;
 }
@@ -179,6 +184,7 @@ void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->experts) e->experts->ops->close(e->experts); /* the store's closes the store */
     df_engine_free_replay(e);
+    df_pcache_close(e->pcache);
     df_pool_free(e->pool);
     df_tokenizer_free(e->tok);
     df_model_free(&e->model);
@@ -203,6 +209,7 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->ffn_s = e->block_s[DF_BLK_FFN];
     o->experts_s = e->block_s[DF_BLK_EXPERTS];
     df_engine_mem_stats(e, o);
+    df_engine_pcache_stats(e, o);
     if (!e->store) return;
     df_store_stats s = df_store_get_stats(e->store);
     o->read_wait_s = s.wait_s;

@@ -9,6 +9,7 @@
 
 #include "deltafin.h"
 #include "engine/dev.h"
+#include "engine/pcache.h"
 
 #include "experts/store.h"
 #include "experts/trace.h"
@@ -58,6 +59,8 @@ struct df_engine {
     char *replay_path;
     int *replay_layer;    /* [layers] MoE ordinal of each model layer, -1 dense */
     uint64_t replay_next; /* trace token the next evaluated row uses */
+    df_pcache *pcache;    /* the prompt cache, or NULL */
+    int pc_every;         /* prompt positions stored: multiples of this */
 };
 
 struct df_session {
@@ -88,6 +91,13 @@ int df_engine_dense_budget(df_engine *e, const df_engine_opts *o, df_error *err)
 int df_engine_setup_streaming(df_engine *e, const df_engine_opts *o, const df_engine_dev *dev, df_error *err);
 /* The memory fields of df_stats. */
 void df_engine_mem_stats(const df_engine *e, df_stats *o);
+
+/* ---- pcache_session.c: the prompt cache ---------------------------------------------- */
+
+/* Opens df_engine_opts.prompt_cache (the model's fingerprint first). */
+int df_engine_setup_pcache(df_engine *e, const df_engine_opts *o, df_error *err);
+/* The prompt cache's fields of df_stats. */
+void df_engine_pcache_stats(const df_engine *e, df_stats *o);
 
 /* ---- replay.c: routing replay (benchmarks and tests) ------------------------------- */
 

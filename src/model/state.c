@@ -39,7 +39,33 @@ static void kv_free(df_lstate *s) {
     free(kv);
 }
 
-static const df_lstate_ops KV_OPS = {"kv", true, kv_bytes, kv_append, kv_snapshot, kv_rollback, kv_free};
+static uint64_t kv_width(const df_lstate *s) { return (uint64_t)df_kv_of(s)->kv_dim; }
+
+static uint64_t kv_seg_bytes(const df_lstate *s, int from, int to) {
+    return 2 * sizeof(float) * (uint64_t)(to - from) * kv_width(s);
+}
+
+/* Keys [from, to), then values. */
+static int kv_save(const df_lstate *s, int at, int from, int to, void *dst) {
+    (void)at;
+    const df_kv_state *kv = df_kv_of(s);
+    size_t o = (size_t)from * (size_t)kv->kv_dim, n = sizeof(float) * (size_t)(to - from) * (size_t)kv->kv_dim;
+    memcpy(dst, kv->k + o, n);
+    memcpy((char *)dst + n, kv->v + o, n);
+    return DF_OK;
+}
+
+static void kv_load(df_lstate *s, int from, int to, const void *src) {
+    df_kv_state *kv = (df_kv_state *)s;
+    size_t o = (size_t)from * (size_t)kv->kv_dim, n = sizeof(float) * (size_t)(to - from) * (size_t)kv->kv_dim;
+    memcpy(kv->k + o, src, n);
+    memcpy(kv->v + o, (const char *)src + n, n);
+}
+
+static const df_lstate_ops KV_OPS = {.kind = "kv", .positional = true, .bytes = kv_bytes, .append = kv_append,
+                                     .snapshot = kv_snapshot, .rollback = kv_rollback, .free = kv_free,
+                                     .code = DF_LSTATE_KV, .width = kv_width, .seg_bytes = kv_seg_bytes,
+                                     .save = kv_save, .load = kv_load};
 
 uint64_t df_kv_state_bytes(int max_ctx, int kv_dim) {
     return 2 * sizeof(float) * (uint64_t)(max_ctx > 0 ? max_ctx : 0) * (uint64_t)(kv_dim > 0 ? kv_dim : 0);
@@ -84,9 +110,30 @@ static void latent_free(df_lstate *s) {
     free(l);
 }
 
+static uint64_t latent_width(const df_lstate *s) { return (uint64_t)df_latent_of(s)->dim; }
+
+static uint64_t latent_seg_bytes(const df_lstate *s, int from, int to) {
+    return sizeof(float) * (uint64_t)(to - from) * latent_width(s);
+}
+
+static int latent_save(const df_lstate *s, int at, int from, int to, void *dst) {
+    (void)at;
+    const df_latent_state *l = df_latent_of(s);
+    memcpy(dst, l->row + (size_t)from * (size_t)l->dim, sizeof(float) * (size_t)(to - from) * (size_t)l->dim);
+    return DF_OK;
+}
+
+static void latent_load(df_lstate *s, int from, int to, const void *src) {
+    df_latent_state *l = (df_latent_state *)s;
+    memcpy(l->row + (size_t)from * (size_t)l->dim, src, sizeof(float) * (size_t)(to - from) * (size_t)l->dim);
+}
+
 /* Positional like the KV cache: snapshot and rollback have nothing to do. */
-static const df_lstate_ops LATENT_OPS = {"latent", true, latent_bytes, latent_append, kv_snapshot, kv_rollback,
-                                         latent_free};
+static const df_lstate_ops LATENT_OPS = {.kind = "latent", .positional = true, .bytes = latent_bytes,
+                                         .append = latent_append, .snapshot = kv_snapshot,
+                                         .rollback = kv_rollback, .free = latent_free, .code = DF_LSTATE_LATENT,
+                                         .width = latent_width, .seg_bytes = latent_seg_bytes,
+                                         .save = latent_save, .load = latent_load};
 
 uint64_t df_latent_state_bytes(int max_ctx, int dim) {
     return sizeof(float) * (uint64_t)(max_ctx > 0 ? max_ctx : 0) * (uint64_t)(dim > 0 ? dim : 0);
@@ -192,7 +239,43 @@ static void rec_free(df_lstate *s) {
     free(r->snap), free(r->snap_pos), free(r->data), free(r);
 }
 
-static const df_lstate_ops REC_OPS = {"recurrent", false, rec_bytes, NULL, rec_snapshot, rec_rollback, rec_free};
+static uint64_t rec_width(const df_lstate *s) { return (uint64_t)((const df_rec_state *)s)->n; }
+
+static uint64_t rec_seg_bytes(const df_lstate *s, int from, int to) {
+    (void)from, (void)to;
+    return sizeof(float) * rec_width(s);
+}
+
+/* The value at `to`: the state itself when the sequence is there, else a
+ * snapshot of it. */
+static const float *rec_value(const df_lstate *s, int at, int to) {
+    const df_rec_state *r = (const df_rec_state *)s;
+    if (at == to) return r->data;
+    int i = rec_find(r, to);
+    return i < 0 ? NULL : r->snap[i];
+}
+
+static int rec_save(const df_lstate *s, int at, int from, int to, void *dst) {
+    (void)from;
+    const float *v = rec_value(s, at, to);
+    if (!v) return DF_ERR_ARG;
+    memcpy(dst, v, sizeof(float) * ((const df_rec_state *)s)->n);
+    return DF_OK;
+}
+
+/* The sequence is now at `to`: snapshots past it describe rows that are gone. */
+static void rec_load(df_lstate *s, int from, int to, const void *src) {
+    (void)from;
+    df_rec_state *r = df_rec_of(s);
+    for (int i = r->n_snap - 1; i >= 0; i--)
+        if (r->snap_pos[i] > to) rec_drop(r, i);
+    memcpy(r->data, src, sizeof(float) * r->n);
+}
+
+static const df_lstate_ops REC_OPS = {.kind = "recurrent", .positional = false, .bytes = rec_bytes,
+                                      .snapshot = rec_snapshot, .rollback = rec_rollback, .free = rec_free,
+                                      .code = DF_LSTATE_REC, .width = rec_width, .seg_bytes = rec_seg_bytes,
+                                      .save = rec_save, .load = rec_load};
 
 uint64_t df_rec_state_bytes(size_t n, int max_snap) {
     return sizeof(float) * (uint64_t)n * (1 + (uint64_t)(max_snap > 0 ? max_snap : 0));
@@ -323,4 +406,56 @@ int df_seq_recover(df_seq *s) {
         if (s->keep[i] <= at) s->keep[k++] = s->keep[i];
     s->n_keep = k;
     return at;
+}
+
+/* ---- serialization ------------------------------------------------------------- */
+
+void df_seq_layout(const df_seq *s, df_seq_layer_desc *out) {
+    for (int i = 0; i < s->n_layers; i++) {
+        const df_lstate *l = s->layer[i];
+        out[i] = l ? (df_seq_layer_desc){l->ops->code, l->ops->width(l)} : (df_seq_layer_desc){DF_LSTATE_NONE, 0};
+    }
+}
+
+uint64_t df_seq_seg_bytes(const df_seq *s, int from, int to) {
+    uint64_t b = 0;
+    for (int i = 0; i < s->n_layers; i++)
+        if (s->layer[i]) b += s->layer[i]->ops->seg_bytes(s->layer[i], from, to);
+    return b;
+}
+
+bool df_seq_can_save(const df_seq *s, int to) {
+    if (to < 0 || to > s->pos) return false;
+    for (int i = 0; i < s->n_layers; i++)
+        if (s->layer[i] && !s->layer[i]->ops->positional && !rec_value(s->layer[i], s->pos, to)) return false;
+    return true;
+}
+
+int df_seq_save(const df_seq *s, int from, int to, void *dst, df_error *err) {
+    if (from < 0 || from > to || !df_seq_can_save(s, to))
+        return df_fail(err, DF_ERR_ARG, "a sequence at %d cannot give its state at %d (from %d)", s->pos, to, from);
+    char *p = dst;
+    for (int i = 0; i < s->n_layers; i++) {
+        const df_lstate *l = s->layer[i];
+        if (!l) continue;
+        l->ops->save(l, s->pos, from, to, p);
+        p += l->ops->seg_bytes(l, from, to);
+    }
+    return DF_OK;
+}
+
+void df_seq_load(df_seq *s, int from, int to, const void *src) {
+    /* kept positions past the old end have no snapshots: the rows came from here */
+    int k = 0, old = s->pos;
+    for (int i = 0; i < s->n_keep; i++)
+        if (s->keep[i] <= old) s->keep[k++] = s->keep[i];
+    s->n_keep = k;
+    const char *p = src;
+    for (int i = 0; i < s->n_layers; i++) {
+        df_lstate *l = s->layer[i];
+        if (!l) continue;
+        l->ops->load(l, from, to, p);
+        p += l->ops->seg_bytes(l, from, to);
+    }
+    s->pos = to;
 }

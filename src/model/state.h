@@ -14,6 +14,13 @@
  *
  * A df_seq is one sequence: its position and every layer's state. The
  * architecture creates it (arch.h state_new); the forward pass appends to it.
+ *
+ * Serialization (the prompt cache, engine/pcache.c): a state writes what
+ * the sequence holds after a position as a segment: a positional state its
+ * rows [from, to), a recurrent one its whole value at `to` (the current one
+ * when the sequence is at `to`, else the snapshot of `to`). Segments loaded
+ * in order from 0 rebuild the sequence bit for bit; a layout descriptor
+ * (each layer's kind and width) lets a loader check that they fit.
  */
 #ifndef DF_STATE_H
 #define DF_STATE_H
@@ -37,7 +44,19 @@ typedef struct df_lstate_ops {
      * to the current one; otherwise a snapshot's position or 0. */
     int (*rollback)(df_lstate *s, int pos, df_error *err);
     void (*free)(df_lstate *s);
+    /* Serialization: the layout code (DF_LSTATE_*) and width (floats per
+     * position, or in all for a recurrent state) of the descriptor; the
+     * bytes of the segment [from, to); writing it (fails when a recurrent
+     * state cannot give its value at `to`: at is the sequence's position);
+     * loading it (the state then holds the rows, or the value, it gave). */
+    uint32_t code;
+    uint64_t (*width)(const df_lstate *s);
+    uint64_t (*seg_bytes)(const df_lstate *s, int from, int to);
+    int (*save)(const df_lstate *s, int at, int from, int to, void *dst);
+    void (*load)(df_lstate *s, int from, int to, const void *src);
 } df_lstate_ops;
+
+enum { DF_LSTATE_NONE = 0, DF_LSTATE_KV = 1, DF_LSTATE_LATENT = 2, DF_LSTATE_REC = 3 };
 
 struct df_lstate {
     const df_lstate_ops *ops;
@@ -125,6 +144,28 @@ void df_seq_keep(df_seq *s, int pos);
 bool df_seq_wants_snapshot(const df_seq *s, int pos);
 /* The largest position <= pos that df_seq_rollback can return to. */
 int df_seq_restorable(const df_seq *s, int pos);
+/* ---- serialization (the prompt cache) ------------------------------------------ */
+
+/* One layer of the layout descriptor. */
+typedef struct df_seq_layer_desc {
+    uint32_t code;   /* DF_LSTATE_*, NONE for a layer without state */
+    uint64_t width;
+} df_seq_layer_desc;
+
+/* The descriptor: n_layers entries into out. */
+void df_seq_layout(const df_seq *s, df_seq_layer_desc *out);
+/* Bytes of the segment [from, to) over every layer. */
+uint64_t df_seq_seg_bytes(const df_seq *s, int from, int to);
+/* Whether the segment ending at `to` can be written now: to <= pos, and
+ * every recurrent state is at `to` or holds a snapshot of it. */
+bool df_seq_can_save(const df_seq *s, int to);
+/* Writes the segment [from, to) (df_seq_seg_bytes of them) to dst. */
+int df_seq_save(const df_seq *s, int from, int to, void *dst, df_error *err);
+/* Loads a segment written by df_seq_save for a sequence of the same layout
+ * (checked by the caller) into s, at a position in [from, to) (its rows
+ * from `from` on are overwritten with the same values); s is then at `to`. */
+void df_seq_load(df_seq *s, int from, int to, const void *src);
+
 /* Back to the state after the first pos rows (pos must be restorable). */
 int df_seq_rollback(df_seq *s, int pos, df_error *err);
 /* After a forward pass failed part way: a recurrent state may have absorbed

@@ -162,7 +162,7 @@ static json_t *final_response(const job *j) {
                            "index", 0, "logprobs", "finish_reason", j->finish);
     return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", j->id, "object", chat ? "chat.completion" : "text_completion",
                      "created", (json_int_t)j->created, "model", g_srv.cfg.model_id, "choices", choice, "usage",
-                     srv_usage_obj(j->prompt_tokens, j->completion_tokens));
+                     srv_usage_obj(j->prompt_tokens, j->completion_tokens, j->cached_tokens));
 }
 
 /* Waits, under mu, until j's response can start (streaming) or is complete;
@@ -404,6 +404,7 @@ int srv_run(const srv_config *cfg, df_engine *eng, df_spec *spec) {
     g_srv.eng = eng;
     g_srv.spec = spec;
     g_srv.info = df_engine_info(eng);
+    g_srv.prompt_cache = df_prompt_cache_interval(eng) > 0;
     g_srv.started = srv_now_unix();
     df_engine_stats(eng, &g_srv.stats);
     pthread_mutex_init(&g_srv.mu, NULL);

@@ -48,6 +48,7 @@ typedef struct job {
     char *text;
     size_t text_len;
     int prompt_tokens, completion_tokens;
+    int cached_tokens; /* of the prompt's: held by the session or restored from the prompt cache */
     const char *finish;
 } job;
 
@@ -62,6 +63,7 @@ typedef struct srv_state {
     df_spec *spec; /* NULL without --draft; used by the worker only */
     srv_listener *listener;
     const df_model_info *info;
+    bool prompt_cache; /* the engine has one (--prompt-cache) */
     long long started;
 
     pthread_mutex_t mu;
@@ -74,6 +76,7 @@ typedef struct srv_state {
     /* metrics (under mu) */
     uint64_t requests[N_EP][N_STATUS + 1];
     uint64_t gen_tokens, prompt_tokens, reused_tokens, cancelled, rejected_full;
+    uint64_t cached_tokens; /* reused_tokens and those restored from the prompt cache */
     double last_tps;
     df_stats stats;
     df_spec_stats spec_stats;
@@ -96,7 +99,8 @@ void srv_abandon(job *j);
 void srv_timed_wait(pthread_cond_t *cv);
 /* Tells the worker to stop, cancelling queued and running requests. */
 void srv_stop_requests(void);
-json_t *srv_usage_obj(int prompt_tokens, int completion_tokens);
+/* The OpenAI usage object; cached: prompt_tokens_details.cached_tokens. */
+json_t *srv_usage_obj(int prompt_tokens, int completion_tokens, int cached);
 
 /* metrics.c */
 /* Counts an answered request by endpoint and status. Under mu. */

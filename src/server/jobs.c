@@ -116,8 +116,9 @@ static void push_chunk(job *j, const char *txt, size_t n, const char *finish, bo
     push_event(j, o);
 }
 
-json_t *srv_usage_obj(int p, int c) {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", p, "completion_tokens", c, "total_tokens", p + c);
+json_t *srv_usage_obj(int p, int c, int cached) {
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", p, "completion_tokens", c, "total_tokens", p + c,
+                     "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static bool job_cancelled(job *j) { return atomic_load(&j->cancel); }
@@ -394,7 +395,7 @@ static void job_finish(worker *w, job *j, gen_state *g, const df_generate_result
         if (r->include_usage) {
             json_t *o = chunk_base(j);
             json_object_set_new(o, "choices", json_array());
-            json_object_set_new(o, "usage", srv_usage_obj((int)n, g->produced));
+            json_object_set_new(o, "usage", srv_usage_obj((int)n, g->produced, gr->prompt_reused));
             push_event(j, o);
         }
     }
@@ -409,6 +410,7 @@ static void job_finish(worker *w, job *j, gen_state *g, const df_generate_result
         j->text_len = w->text_len;
     }
     j->completion_tokens = g->produced;
+    j->cached_tokens = gr->prompt_reused;
     j->finish = finish;
     j->state = J_DONE;
     pthread_cond_broadcast(&j->cv);
@@ -435,7 +437,9 @@ static void run_job(worker *w, job *j) {
 
     /* Prompt-prefix reuse: df_generate keeps the rows the session holds that
      * the new prompt starts with (always evaluating at least its last token:
-     * with --draft too, the first token is drawn from its logits). */
+     * with --draft too, the first token is drawn from its logits), and with
+     * --prompt-cache restores a longer cached prefix (from the RAM tier, or
+     * from disk), storing the new states as it goes. */
     gen_state g = {.finish = "length"};
     w->text_len = 0;
     penalty_ctx pc = {r, w->counts, (int)n};
@@ -450,7 +454,8 @@ static void run_job(worker *w, job *j) {
         job_fail(j, 500, NULL, "%s", err.msg);
     }
     pthread_mutex_lock(&g_srv.mu);
-    g_srv.reused_tokens += (uint64_t)gr.prompt_reused;
+    g_srv.reused_tokens += (uint64_t)(gr.prompt_reused - gr.prompt_cached);
+    g_srv.cached_tokens += (uint64_t)gr.prompt_reused;
     g_srv.prompt_tokens += n;
     pthread_mutex_unlock(&g_srv.mu);
     job_finish(w, j, &g, &gr, n);

@@ -1,6 +1,6 @@
 /*
  * server/metrics.c - the server's counters (requests by endpoint and status,
- * tokens, prefix reuse, cancellations, the engine's and the drafter's
+ * tokens, prefix reuse, the prompt cache, cancellations, the engine's and the drafter's
  * statistics as of the last generation, the listener's closes) and their
  * Prometheus text for GET /metrics.
  */
@@ -18,6 +18,30 @@ void srv_count_request(int ep, int status) {
     for (int i = 0; i < N_STATUS; i++)
         if (SRV_STATUSES[i] == status) s = i;
     g_srv.requests[ep][s]++;
+}
+
+/* The prompt cache's counters as of the last generation (under mu). */
+static void pcache_metrics(FILE *f) {
+    const df_stats *s = &g_srv.stats;
+    if (!g_srv.prompt_cache) return;
+    const struct { const char *name, *help; uint64_t v; } m[] = {
+        {"hits", "Prompts whose longest cached prefix was restored from the prompt cache.", s->pcache_hits},
+        {"misses", "Prompts the prompt cache had nothing for beyond what the session held.", s->pcache_misses},
+        {"tokens_restored", "Prompt tokens restored from the prompt cache.", s->pcache_tokens},
+        {"bytes_read", "Bytes of prompt cache files read.", s->pcache_bytes_read},
+        {"bytes_written", "Bytes of prompt cache files written.", s->pcache_bytes_written},
+        {"evicted", "Prompt cache files removed to keep the directory under its size.", s->pcache_evicted},
+        {"ram_hits", "Prompt cache segments taken from RAM instead of disk.", s->pcache_ram_hits},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+        fprintf(f, "# HELP deltafin_prompt_cache_%s_total %s\n# TYPE deltafin_prompt_cache_%s_total counter\n"
+                   "deltafin_prompt_cache_%s_total %llu\n", m[i].name, m[i].help, m[i].name, m[i].name,
+                (unsigned long long)m[i].v);
+    fprintf(f, "# HELP deltafin_prompt_cache_ram_bytes Bytes of states the prompt cache keeps in RAM.\n"
+               "# TYPE deltafin_prompt_cache_ram_bytes gauge\ndeltafin_prompt_cache_ram_bytes %llu\n"
+               "# HELP deltafin_prompt_cache_writes_off 1 when a failed write (a full disk) turned writing off.\n"
+               "# TYPE deltafin_prompt_cache_writes_off gauge\ndeltafin_prompt_cache_writes_off %d\n",
+            (unsigned long long)s->pcache_ram_bytes, s->pcache_writes_off);
 }
 
 char *srv_metrics_text(size_t *len) {
@@ -40,6 +64,9 @@ char *srv_metrics_text(size_t *len) {
             "# TYPE deltafin_prompt_tokens_total counter\ndeltafin_prompt_tokens_total %llu\n"
             "# HELP deltafin_prompt_tokens_reused_total Prompt tokens whose KV cache was kept from the previous request.\n"
             "# TYPE deltafin_prompt_tokens_reused_total counter\ndeltafin_prompt_tokens_reused_total %llu\n"
+            "# HELP deltafin_prompt_tokens_cached_total Prompt tokens not evaluated: kept from the previous request or "
+            "restored from the prompt cache (usage.prompt_tokens_details.cached_tokens).\n"
+            "# TYPE deltafin_prompt_tokens_cached_total counter\ndeltafin_prompt_tokens_cached_total %llu\n"
             "# HELP deltafin_last_tokens_per_second Decode speed of the last generation.\n"
             "# TYPE deltafin_last_tokens_per_second gauge\ndeltafin_last_tokens_per_second %.6f\n"
             "# HELP deltafin_requests_cancelled_total Generations or queued requests dropped because the client left.\n"
@@ -56,7 +83,7 @@ char *srv_metrics_text(size_t *len) {
             "# HELP deltafin_expert_bytes_read_total Expert bytes read from storage.\n"
             "# TYPE deltafin_expert_bytes_read_total counter\ndeltafin_expert_bytes_read_total %llu\n",
             (unsigned long long)g_srv.gen_tokens, (unsigned long long)g_srv.prompt_tokens,
-            (unsigned long long)g_srv.reused_tokens, g_srv.last_tps, (unsigned long long)g_srv.cancelled,
+            (unsigned long long)g_srv.reused_tokens, (unsigned long long)g_srv.cached_tokens, g_srv.last_tps, (unsigned long long)g_srv.cancelled,
             (unsigned long long)g_srv.rejected_full, g_srv.n_waiting, g_srv.running ? 1 : 0,
             (unsigned long long)g_srv.stats.expert_hits, (unsigned long long)g_srv.stats.expert_misses,
             (unsigned long long)g_srv.stats.expert_bytes_read);
@@ -72,6 +99,7 @@ char *srv_metrics_text(size_t *len) {
                 "# TYPE deltafin_spec_depth gauge\ndeltafin_spec_depth %d\n",
                 (unsigned long long)g_srv.spec_stats.drafted, (unsigned long long)g_srv.spec_stats.accepted,
                 (unsigned long long)g_srv.spec_stats.verify_passes, g_srv.spec_stats.depth);
+    pcache_metrics(f);
     pthread_mutex_unlock(&g_srv.mu);
     srv_listener_stats ls;
     srv_listener_stats_get(g_srv.listener, &ls);
