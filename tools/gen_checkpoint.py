@@ -450,7 +450,8 @@ def generate(a):
     if a.kimi_linear:
         cfg = kl.build_config(a)
         prefix = "language_model." if a.arch == "kimi_k3" else ""
-        plan, qcfg = kl.apply_quant(kl.tensor_plan(cfg, a, prefix), a, lambda t: row_source(t, a.seed))
+        plan, qcfg = kl.apply_quant(kl.tensor_plan(cfg, a, prefix), a, lambda t: row_source(t, a.seed),
+                                    (lambda t: tensor_rng(a.seed, t[0])) if a.fast_init else None)
         gen_cfg = kl.generation_config(a)
     else:
         if a.deepseek:

@@ -396,10 +396,11 @@ def quant_config():
             "quant_method": "compressed-tensors", "quantization_status": "compressed"}
 
 
-def apply_quant(plan, a, make_source):
+def apply_quant(plan, a, make_source, make_fast_rng=None):
     """(plan with routed experts replaced by MXFP4 companions, quantization_config)
     or (plan, None) for BF16. Each tensor's format is read back from the config
-    (gen_quant's matcher) and must be MXFP4 exactly for the routed experts."""
+    (gen_quant's matcher) and must be MXFP4 exactly for the routed experts.
+    make_fast_rng (--fast-init): random codes instead of quantized values."""
     if a.qexperts == "bf16":
         return plan, None
     qc = quant_config()
@@ -416,7 +417,8 @@ def apply_quant(plan, a, make_source):
         if shape[1] % gq.GROUP:
             raise SystemExit(f"gen_checkpoint: {name}: {shape[1]} input columns, not a multiple of "
                              f"{gq.GROUP} (MXFP4 groups); pick other sizes")
-        pk = gq.Packed("mxfp4", name, shape, make_source(t))
+        pk = gq.Packed("mxfp4", name, shape, make_source(t), fast_rng=make_fast_rng(t) if make_fast_rng else None,
+                       std=float(t[3]) or 1.0)
         for cname, dtype, cshape in pk.parts:
             out.append((cname, cshape, 0.0, 0.0, {"dtype": dtype, "packed": pk}))
     return out, qc
