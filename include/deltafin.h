@@ -257,7 +257,8 @@ int df_session_capacity(const df_session *s);
  * whose state has one entry per position (a key/value or latent cache) can
  * return to any earlier position; a model with recurrent state only to the
  * positions it was asked to keep before evaluation passed them, and to 0.
- * df_session_keep asks for pos (beyond the current position) to be kept;
+ * df_session_keep asks for pos (at or beyond the current position; an
+ * earlier one, whose state is gone, is ignored) to be kept;
  * df_session_rollback returns to pos or, when pos cannot be restored, to the
  * nearest earlier position that can, and returns the position it is at now
  * (<= pos), or -1 with err for a pos outside 0..df_session_pos. */

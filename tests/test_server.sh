@@ -3,7 +3,8 @@
 # port with a small synthetic Qwen3-MoE checkpoint (random weights: gibberish, but
 # deterministic), driven by curl, python and the official openai npm client
 # (tests/server). Checks endpoints, SSE framing byte by byte, exactness against
-# `deltafin run --temp 0`, stop strings across token boundaries, prefix reuse,
+# `deltafin run --temp 0`, stop strings across token boundaries, prefix reuse
+# (also on a Kimi K3-shaped model, whose recurrent state returns only to kept positions),
 # errors (400/401/404/405/413/429), cancellation by disconnect, a bounded load
 # test with an RSS bound, the API key from a file or the environment, and a
 # clean, leak-free shutdown; at the HTTP level (tests/server/http_edge.py, raw
@@ -648,6 +649,73 @@ if [ -d tests/server/node_modules/openai ]; then
         || bad pcache-shutdown "exit $rc: $(grep -hE -A12 'Sanitizer|runtime error' "$T/pc1.log" "$T/pc2.log" | head -30)"
 else
     bad pcache-restart "tests/server/node_modules missing: run scripts/setup.sh"
+fi
+
+# ---- prefix reuse with recurrent state: a Kimi K3-shaped model (KDA layers,
+# whose state rolls back only to kept positions; df_generate keeps each
+# prompt's end). A conversation extended turn by turn reuses the whole earlier
+# prompt (deltafin_prompt_tokens_reused_total grows by at least its length),
+# and every answer equals a fresh server's: server B answers the same requests
+# latest first, so that nothing it holds is a prefix it could reuse (its
+# counter stays 0). Asking again for the same turn reuses what was kept.
+PORT8=$((PORT + 5100))
+K3M=$FMODELS/engine-k3
+if MODEL=$K3M start_server "$T/k3a.log" "$PORT8" --ctx 1024 && K3A=$SPID &&
+   MODEL=$K3M start_server "$T/k3b.log" "$((PORT8 + 1))" --ctx 1024; then
+    K3B=$SPID
+    $PY - "http://127.0.0.1:$PORT8" "http://127.0.0.1:$((PORT8 + 1))" >"$T/k3.out" 2>&1 <<'PYEOF'
+import json, re, sys, urllib.request
+A, B = sys.argv[1], sys.argv[2]
+
+def chat(url, msgs):
+    body = {"model": "m", "messages": msgs, "max_tokens": 12, "temperature": 0}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    d = json.load(urllib.request.urlopen(req, timeout=120))
+    return d["choices"][0]["message"]["content"], d["usage"]["prompt_tokens"]
+
+def reused(url):
+    m = re.search(r"^deltafin_prompt_tokens_reused_total (\d+)$",
+                  urllib.request.urlopen(url + "/metrics", timeout=30).read().decode(), re.M)
+    return int(m.group(1))
+
+def check(name, cond, why):
+    print(f"ok {name}" if cond else f"FAIL {name}: {why}")
+
+turn1 = [{"role": "user", "content": "Hello"}]
+a1, n1 = chat(A, turn1)
+r = reused(A)
+turn2 = turn1 + [{"role": "assistant", "content": a1}, {"role": "user", "content": "And then?"}]
+a2, n2 = chat(A, turn2)
+d2 = reused(A) - r
+check("k3-reuse-extends", n1 <= d2 < n2, f"reused {d2} of {n2} prompt tokens (want the first prompt's {n1})")
+a2b, _ = chat(A, turn2)  # the same turn again: back to a kept position at or before its end
+r3 = reused(A)
+check("k3-reuse-again", 0 < r3 - r - d2 < n2, f"reused {r3 - r - d2} of {n2}")
+turn3 = turn2 + [{"role": "assistant", "content": a2}, {"role": "user", "content": "Why?"}]
+a3, n3 = chat(A, turn3)
+d3 = reused(A) - r3
+check("k3-reuse-extends-again", n2 <= d3 < n3, f"reused {d3} of {n3} prompt tokens (want the second prompt's {n2})")
+f3, m3 = chat(B, turn3)
+f2, m2 = chat(B, turn2)
+check("k3-fresh-server", reused(B) == 0, f"the fresh server reused {reused(B)} tokens")
+check("k3-reuse-exact", (a2, n2) == (f2, m2) and a2b == f2 and (a3, n3) == (f3, m3),
+      f"with reuse {[a2, a2b, a3]!r}, fresh {[f2, f3]!r} (prompts {n2}, {n3} vs {m2}, {m3})")
+# the answers depend on the conversation (a state that carried nothing would not tell)
+check("k3-answers-differ", len({a1, a2, a3}) == 3, f"{[a1, a2, a3]!r}")
+PYEOF
+    while read -r w n rest; do
+        case $w in ok) ok "$n" ;; FAIL) bad "${n%:}" "$rest" ;; esac
+    done <"$T/k3.out"
+    grep -qE '^(ok|FAIL) ' "$T/k3.out" || bad k3-reuse "$(tail -5 "$T/k3.out")"
+    for p in "$K3A" "$K3B"; do kill -TERM "$p"; done
+    rc8=0; wait "$K3A" || rc8=$?
+    wait "$K3B" || rc8=$?
+    PIDS=("${PIDS[@]/$K3A}"); PIDS=("${PIDS[@]/$K3B}")
+    [ $rc8 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/k3a.log" "$T/k3b.log" && ok k3-shutdown \
+        || bad k3-shutdown "exit $rc8: $(grep -hE -A12 'Sanitizer|runtime error' "$T/k3a.log" "$T/k3b.log" | head -30)"
+else
+    bad k3-reuse "servers did not start"
 fi
 
 # ---- metrics and clean shutdown (no leak or sanitizer report)

@@ -489,15 +489,18 @@ static void inspect_attention(const df_model *m, FILE *f) {
                 c->linear_heads, c->linear_head_dim, c->linear_conv, g, L->kda.a_per_channel ? "key channel" : "head",
                 c->linear_full_rank_gate ? "g_proj (full rank)" : "g_a_proj/g_b_proj (low rank)");
         char b[32];
-        df_fmt_bytes_iec(b, sizeof b, (uint64_t)n_lin * sizeof(float) * kda_floats(c));
-        fprintf(f, "KDA state             %s per sequence (fixed; up to %d snapshots more)\n", b, KEEP_SNAPSHOTS);
+        uint64_t state = (uint64_t)n_lin * sizeof(float) * kda_floats(c);
+        df_fmt_bytes_iec(b, sizeof b, state);
+        fprintf(f, "KDA state             %s (%llu B) per sequence (fixed; up to %d snapshots more)\n", b,
+                (unsigned long long)state, KEEP_SNAPSHOTS);
     }
     char q[32] = "q_proj";
     if (c->q_lora_rank) snprintf(q, sizeof q, "q-LoRA %d", c->q_lora_rank);
     fprintf(f, "attention             MLA without rotary (NoPE), %d heads, %s, kv_lora_rank %d, qk %d + %d, v %d%s\n",
             c->num_attention_heads, q, c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim,
             c->mla_output_gate ? ", sigmoid output gate" : "");
-    fprintf(f, "latent cache          %d values per token per MLA layer\n", kl_cache_dim(c));
+    fprintf(f, "latent cache          %d values per token per MLA layer (%llu B as F32)\n", kl_cache_dim(c),
+            (unsigned long long)(sizeof(float) * (size_t)kl_cache_dim(c)));
 }
 
 static void inspect(const df_model *m, FILE *f) {

@@ -331,7 +331,9 @@ uint64_t df_seq_bytes(const df_seq *s) {
 }
 
 void df_seq_keep(df_seq *s, int pos) {
-    if (s->positional || pos <= 0) return;
+    /* a position already passed has no snapshot to return to: kept, it would
+     * look restorable and make every rollback to it fail */
+    if (s->positional || pos <= 0 || pos < s->pos) return;
     for (int i = 0; i < s->n_keep; i++)
         if (s->keep[i] == pos) return;
     if (s->n_keep >= s->max_keep) {
@@ -346,6 +348,13 @@ void df_seq_keep(df_seq *s, int pos) {
         s->n_keep--;
     }
     s->keep[s->n_keep++] = pos;
+    if (pos == s->pos) /* the states are there now: snapshot them */
+        for (int i = 0; i < s->n_layers; i++) {
+            df_lstate *st = s->layer[i];
+            if (!st || st->ops->positional) continue;
+            float *slot = df_rec_prepare(st, s, pos);
+            memcpy(slot, df_rec_of(st)->data, sizeof(float) * df_rec_of(st)->n);
+        }
 }
 
 bool df_seq_wants_snapshot(const df_seq *s, int pos) {

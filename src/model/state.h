@@ -134,10 +134,11 @@ df_seq *df_seq_new(int n_layers, int max_ctx);
 void df_seq_set(df_seq *s, int li, df_lstate *st);
 void df_seq_free(df_seq *s);
 uint64_t df_seq_bytes(const df_seq *s);
-/* Asks to be able to roll back to pos (> the current position). Positional
- * sequences need nothing; others keep at most max_keep positions (beyond, the
- * oldest request is dropped, but not the earliest position while another can
- * go: a shared prompt prefix outlives speculative decoding's keeps). */
+/* Asks to be able to roll back to pos (>= the current position: the current
+ * one is snapshotted at once; an earlier one is ignored, its state is gone).
+ * Positional sequences need nothing; others keep at most max_keep positions
+ * (beyond, the oldest request is dropped, but not the earliest position while
+ * another can go: a shared prompt prefix outlives speculative decoding's keeps). */
 void df_seq_keep(df_seq *s, int pos);
 /* Whether the forward pass must snapshot the non-positional states when they
  * have absorbed the rows before pos. */
