@@ -248,6 +248,40 @@ void df_session_set_progress(df_session *s, df_progress_fn fn, void *user);
 int df_session_eval(df_session *s, const int32_t *tokens, int n,
                     float *logits, int want_all_rows, df_error *err);
 
+/* ---- several sessions at once --------------------------------------------- */
+
+/* One forward pass over rows of many sessions: each session's rows are
+ * appended to it as df_session_eval would, and a MoE layer runs (and, when
+ * experts stream, reads) each expert its rows need once for all of them. A
+ * row's logits are bit for bit those of its session evaluated alone. A
+ * batcher holds the work buffers of one pass (df_batcher_bytes); its
+ * sessions' own buffers are then never allocated unless df_session_eval is
+ * called on them. Used from one thread at a time, like its engine. */
+typedef struct df_batcher df_batcher;
+
+typedef struct df_eval_item {
+    df_session *session;   /* at most once per call */
+    const int32_t *tokens; /* n >= 1 tokens at the session's current position */
+    int n;
+    float *logits;         /* NULL, or room for vocab_size floats (all_rows == 0:
+                              the last row's) or n * vocab_size (all_rows != 0) */
+    int all_rows;
+} df_eval_item;
+
+/* max_rows: rows per pass (0: the engine's prefill chunk); max_context: the
+ * largest session context it will evaluate (0: the engine's context). */
+int df_batcher_new(df_batcher **out, df_engine *eng, int max_rows, int max_context, df_error *err);
+void df_batcher_free(df_batcher *b);
+int df_batcher_max_rows(const df_batcher *b);
+/* Bytes a batcher with these arguments allocates. */
+uint64_t df_batcher_bytes(const df_engine *eng, int max_rows, int max_context);
+/* Evaluates every item's tokens: passes of at most max_rows rows, filled
+ * with the items' rows in item order (an item longer than a pass's room
+ * continues in the next). On failure nothing of the failed pass is kept: each
+ * session holds the rows of the passes before it (df_session_pos; a recurrent
+ * state may go back to a kept position, as with df_session_eval). */
+int df_eval_multi(df_batcher *b, const df_eval_item *items, int n_items, df_error *err);
+
 /* ---- command-line helpers -------------------------------------------- */
 
 /* Parses a byte size as users write it: "4000000", "512M", "8G", "1.5GiB"
