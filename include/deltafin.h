@@ -445,6 +445,40 @@ typedef struct df_generate_result {
 int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
                 df_generate_result *res, df_error *err);
 
+/* ---- generating for several requests at once -------------------------------- */
+
+/* Requests that advance together: each step is one df_eval_multi over every
+ * active request's rows (one decode row each; a joining request's prompt in
+ * chunks, so it holds the others up by at most one chunk per step), then each
+ * request samples with its own sampler and reports its tokens. Requests join
+ * (df_batchgen_add) and leave (finished, cancelled) between steps. A
+ * request's tokens are exactly those df_generate gives it alone with the same
+ * sampler seed. Plain decoding only (no df_spec yet). */
+typedef struct df_batchgen df_batchgen;
+
+/* When a request leaves: its result, and DF_OK or the evaluation error that
+ * ended it (err then says what). Its session is the caller's again. */
+typedef void (*df_done_fn)(void *user, const df_generate_result *res, int status, const df_error *err);
+
+/* max_rows: rows per step (0: the engine's prefill chunk); max_context: the
+ * largest session context a request brings (0: the engine's context). */
+int df_batchgen_new(df_batchgen **out, df_engine *eng, int max_rows, int max_context, df_error *err);
+void df_batchgen_free(df_batchgen *g); /* requests still in it are dropped unreported */
+/* Adds a request after prompt[0..n) on session s, which it holds until it
+ * leaves. From o: sampler (required), max_new, prefill_chunk (its prompt rows
+ * per step; 0: what the step has room for), reuse_prefix, logits_hook,
+ * force, on_token, on_prefill, on_step, cancelled (checked before each of its
+ * steps) and user (passed to all of them and to on_done). spec and
+ * prefill_progress must be NULL. The prompt is copied. */
+int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
+                    df_done_fn on_done, df_error *err);
+/* Requests not yet finished. */
+int df_batchgen_active(const df_batchgen *g);
+/* One step of every active request. Returns DF_OK (requests that finished
+ * were reported), or an evaluation error, which ends the requests of that
+ * step (each reported with it); the others go on. */
+int df_batchgen_step(df_batchgen *g, df_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -262,10 +262,195 @@ static void test_bad_items(void **state) {
     df_engine_close(e);
 }
 
+/* ---- df_batchgen: each request's tokens are those of df_generate alone ---- */
+
+#define NREQ 6
+typedef struct rq {
+    int plen, max_new, chunk, join; /* join: the step it joins at; -1: when request 0 has left, on its session */
+    float temp;
+    int top_k;
+    uint64_t seed;
+    int stop_after, cancel_after; /* on_token asks to stop / cancelled() says so after this many tokens; 0: never */
+    int penalty;                  /* a logits hook */
+} rq;
+
+static const rq RQ[NREQ] = {
+    {12, 9, 0, 0, 0.0f, 0, 1, 0, 0, 0},  {5, 14, 2, 0, 0.9f, 20, 7, 0, 0, 1}, {21, 6, 4, 2, 1.2f, 0, 9, 0, 0, 0},
+    {3, 30, 0, 3, 0.7f, 5, 11, 8, 0, 0}, {14, 11, 0, -1, 0.0f, 0, 1, 0, 0, 1}, {8, 20, 3, 4, 1.0f, 0, 5, 0, 6, 0},
+};
+
+typedef struct rq_out {
+    int32_t toks[64];
+    int n;
+    int cancel_after, stop_after;
+    df_generate_result res;
+    int done, status;
+} rq_out;
+
+static int rq_token(void *u, int32_t t) {
+    rq_out *o = u;
+    o->toks[o->n++] = t;
+    return o->stop_after && o->n >= o->stop_after;
+}
+static int rq_cancelled(void *u) {
+    rq_out *o = u;
+    return o->cancel_after && o->n >= o->cancel_after;
+}
+static void rq_done(void *u, const df_generate_result *r, int status, const df_error *err) {
+    rq_out *o = u;
+    (void)err;
+    o->res = *r;
+    o->done++;
+    o->status = status;
+}
+/* Lowers the logits of tokens already in the history (a hook the sampler does not know). */
+static void rq_hook(void *user, float *logits, int vocab, const int32_t *h, int nh) {
+    (void)user;
+    for (int i = 0; i < nh; i++)
+        if (h[i] >= 0 && h[i] < vocab) logits[h[i]] -= 0.5f;
+}
+
+/* Request r's prompt: sequence r's tokens; request 4's starts with request 0's prompt (prefix reuse). */
+static const int32_t *rq_prompt(int r, int32_t *buf) {
+    if (r != 4) return toks[r % NSEQ];
+    memcpy(buf, toks[0], sizeof(int32_t) * 10);
+    memcpy(buf + 10, toks[1], sizeof(int32_t) * (size_t)(RQ[4].plen - 10));
+    return buf;
+}
+
+static df_sampler *rq_sampler(int r) {
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = RQ[r].temp, p.top_k = RQ[r].top_k, p.seed = RQ[r].seed;
+    df_sampler *smp;
+    df_error err;
+    assert_int_equal(df_sampler_new(&smp, &p, &err), DF_OK);
+    return smp;
+}
+
+static df_generate_opts rq_opts(int r, df_sampler *smp, rq_out *o) {
+    *o = (rq_out){.cancel_after = RQ[r].cancel_after, .stop_after = RQ[r].stop_after};
+    df_generate_opts go = {.sampler = smp, .max_new = RQ[r].max_new, .prefill_chunk = RQ[r].chunk,
+                           .reuse_prefix = 1, .on_token = rq_token, .cancelled = rq_cancelled, .user = o};
+    if (RQ[r].penalty) go.logits_hook = rq_hook;
+    return go;
+}
+
+static void batchgen_arm(model *m, const arm *a) {
+    rq_out ref[NREQ], got[NREQ];
+    int32_t pbuf[64];
+    df_error err;
+    { /* alone: df_generate, one request after another (4 on 0's session) */
+        arm ra = {false, 0, 2, NULL};
+        df_engine *e = open_arm(m, &ra);
+        df_session *s[NREQ];
+        for (int r = 0; r < NREQ; r++) {
+            s[r] = NULL;
+            if (RQ[r].join >= 0) assert_int_equal(df_session_new(&s[r], e, CTX, &err), DF_OK);
+        }
+        s[4] = s[0];
+        for (int r = 0; r < NREQ; r++) {
+            df_sampler *smp = rq_sampler(r);
+            df_generate_opts go = rq_opts(r, smp, &ref[r]);
+            if (df_generate(s[r], rq_prompt(r, pbuf), RQ[r].plen, &go, &ref[r].res, &err))
+                fail_msg("generate: %s", err.msg);
+            df_sampler_free(smp);
+        }
+        for (int r = 0; r < NREQ; r++)
+            if (r != 4) df_session_free(s[r]);
+        df_engine_close(e);
+    }
+    df_engine *e = open_arm(m, a);
+    df_batchgen *g;
+    assert_int_equal(df_batchgen_new(&g, e, 6, CTX, &err), DF_OK);
+    df_session *s[NREQ];
+    df_sampler *smp[NREQ];
+    for (int r = 0; r < NREQ; r++) {
+        s[r] = NULL, smp[r] = rq_sampler(r);
+        if (RQ[r].join >= 0) assert_int_equal(df_session_new(&s[r], e, CTX, &err), DF_OK);
+    }
+    s[4] = s[0];
+    bool added[NREQ] = {0};
+    int most = 0;
+    for (int step = 0; step < 200; step++) {
+        for (int r = 0; r < NREQ; r++) {
+            if (added[r] || (RQ[r].join >= 0 ? RQ[r].join > step : !got[0].done)) continue;
+            df_generate_opts go = rq_opts(r, smp[r], &got[r]);
+            if (df_batchgen_add(g, s[r], rq_prompt(r, pbuf), RQ[r].plen, &go, rq_done, &err))
+                fail_msg("add: %s", err.msg);
+            added[r] = true;
+        }
+        if (df_batchgen_active(g) > most) most = df_batchgen_active(g);
+        if (!df_batchgen_active(g)) break;
+        if (df_batchgen_step(g, &err)) fail_msg("step: %s", err.msg);
+    }
+    assert_true(most >= 4); /* requests did run together */
+    for (int r = 0; r < NREQ; r++) {
+        assert_int_equal(got[r].done, 1);
+        assert_int_equal(got[r].status, DF_OK);
+        if (got[r].n != ref[r].n || memcmp(got[r].toks, ref[r].toks, sizeof(int32_t) * (size_t)ref[r].n))
+            fail_msg("%s (%s, %d threads): request %d: %d tokens in a batch, %d alone, or different ones", m->name,
+                     a->pack ? "pack" : "resident", a->threads, r, got[r].n, ref[r].n);
+        assert_int_equal(got[r].res.finish, ref[r].res.finish);
+        assert_int_equal(got[r].res.produced, ref[r].res.produced);
+        assert_int_equal(got[r].res.prompt_reused, ref[r].res.prompt_reused);
+        /* the session holds the prompt and every new token but the last (0's went on to 4) */
+        if (r != 0) assert_int_equal(df_session_pos(s[r]), RQ[r].plen + got[r].n - 1);
+    }
+    assert_true(got[4].res.prompt_reused > 0 || m == &MODELS[2]); /* recurrent: back to 0 unless kept */
+    assert_int_equal(ref[5].res.finish, DF_FINISH_CANCELLED);
+    assert_int_equal(ref[3].res.finish, DF_FINISH_CALLER);
+    df_batchgen_free(g);
+    for (int r = 0; r < NREQ; r++) {
+        df_sampler_free(smp[r]);
+        if (r != 4) df_session_free(s[r]);
+    }
+    df_engine_close(e);
+}
+
+static void test_batchgen_qwen3_moe(void **state) {
+    (void)state;
+    arm a = {true, 3, 1, "on"};
+    batchgen_arm(&MODELS[0], &a);
+}
+
+static void test_batchgen_kimi_k3(void **state) {
+    (void)state;
+    arm a = {false, 0, 2, NULL};
+    batchgen_arm(&MODELS[2], &a);
+}
+
+static void test_batchgen_refuses(void **state) {
+    (void)state;
+    arm a = {false, 0, 1, NULL};
+    df_engine *e = open_arm(&MODELS[0], &a);
+    df_error err;
+    df_batchgen *g;
+    df_session *s;
+    assert_int_equal(df_batchgen_new(&g, e, 4, CTX, &err), DF_OK);
+    assert_int_equal(df_session_new(&s, e, 8, &err), DF_OK);
+    df_sampler *smp = rq_sampler(0);
+    df_generate_opts go = {.sampler = smp};
+    assert_int_equal(df_batchgen_add(g, s, toks[0], 8, &go, NULL, &err), DF_ERR_CONTEXT);
+    go.spec = (df_spec *)1;
+    assert_int_equal(df_batchgen_add(g, s, toks[0], 2, &go, NULL, &err), DF_ERR_UNSUPPORTED);
+    go.spec = NULL;
+    assert_int_equal(df_batchgen_add(g, s, toks[0], 2, &go, NULL, &err), DF_OK);
+    assert_int_equal(df_batchgen_add(g, s, toks[0], 2, &go, NULL, &err), DF_ERR_ARG); /* its session is taken */
+    while (df_batchgen_active(g)) assert_int_equal(df_batchgen_step(g, &err), DF_OK);
+    assert_int_equal(df_session_pos(s), 7); /* the context ran out: prompt and 6 new tokens, the last not evaluated */
+    df_sampler_free(smp);
+    df_session_free(s);
+    df_batchgen_free(g);
+    df_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_deepseek), cmocka_unit_test(test_kimi_k3),
         cmocka_unit_test(test_union_read_once), cmocka_unit_test(test_bad_items),
+        cmocka_unit_test(test_batchgen_qwen3_moe), cmocka_unit_test(test_batchgen_kimi_k3),
+        cmocka_unit_test(test_batchgen_refuses),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
