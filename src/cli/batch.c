@@ -308,7 +308,9 @@ static void summary(run *r, const df_stats *st) {
     fprintf(stderr, "\n  %llu tokens generated in %.1f s: %.1f tok/s with up to %d at once",
             (unsigned long long)r->gen_tokens, el, el > 0 ? (double)r->gen_tokens / el : 0, r->n_slots);
     if (st->expert_bytes_read && st->tokens)
-        fprintf(stderr, "; expert bytes read %.2f MB per evaluated row", (double)st->expert_bytes_read / 1e6 / (double)st->tokens);
+        fprintf(stderr, "; expert bytes read %.3f MB per evaluated row, %.3f MB per generated token",
+                (double)st->expert_bytes_read / 1e6 / (double)st->tokens,
+                r->gen_tokens ? (double)st->expert_bytes_read / 1e6 / (double)r->gen_tokens : 0.0);
     fprintf(stderr, "\n");
 }
 
@@ -324,6 +326,32 @@ static void run_jobs(run *r) {
     }
 }
 
+/* The engine. A --ram-budget is sized for one session: the other n - 1
+ * sequences' state and the batcher's buffers are reserved from it (sized on
+ * the checkpoint opened once just to describe it), so the expert cache gets
+ * what they leave. */
+static df_engine *open_engine(const cli_args *a, int n) {
+    if (!a->ram_budget || n < 2) return cli_open_engine(a, NULL);
+    df_engine_opts eo = cli_engine_opts(a);
+    eo.describe_only = 1;
+    eo.ram_budget = 0;
+    df_engine *e;
+    df_error err;
+    if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
+    const df_model_info *info = df_engine_info(e);
+    int ctx = a->ctx ? a->ctx : (info->max_context < 4096 ? info->max_context : 4096);
+    uint64_t more = (uint64_t)(n - 1) * df_engine_session_bytes(e, ctx) + df_batcher_bytes(e, 0, ctx);
+    df_engine_close(e);
+    eo = cli_engine_opts(a);
+    static char what[80];
+    snprintf(what, sizeof what, "%d more sequences (--parallel)", n - 1);
+    eo.reserve_bytes = more, eo.reserve_for = what;
+    if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
+    if (a->ctx > df_engine_info(e)->max_context)
+        cli_die("--ctx %d exceeds the model's context of %d tokens", a->ctx, df_engine_info(e)->max_context);
+    return e;
+}
+
 int cli_batch_main(int argc, char **argv) {
     cli_args a;
     cli_args_init(&a);
@@ -337,14 +365,14 @@ int cli_batch_main(int argc, char **argv) {
     r.done = df_xcalloc((size_t)(r.in.n ? r.in.n : 1), sizeof *r.done);
     r.fd = batch_open_output(a.output, &r.in, r.done);
     for (int i = 0; i < r.in.n; i++) r.skipped += r.done[i] && r.in.jobs[i].status != -1, r.todo += !r.done[i];
-    r.eng = cli_open_engine(&a, NULL);
+    r.n_slots = a.parallel < r.todo ? a.parallel : r.todo > 0 ? r.todo : 1;
+    r.eng = open_engine(&a, r.n_slots);
     r.info = df_engine_info(r.eng);
     r.ctx = a.ctx ? a.ctx : (r.info->max_context < 4096 ? r.info->max_context : 4096);
     snprintf(r.model_id, sizeof r.model_id, "%s", a.model); /* its last path element, as serve names it */
     for (size_t ml = strlen(r.model_id); ml > 1 && r.model_id[ml - 1] == '/';) r.model_id[--ml] = 0;
     const char *base = strrchr(r.model_id, '/');
     if (base && base[1]) memmove(r.model_id, base + 1, strlen(base + 1) + 1);
-    r.n_slots = a.parallel < r.todo ? a.parallel : r.todo > 0 ? r.todo : 1;
     df_error err;
     if (df_batchgen_new(&r.g, r.eng, 0, r.ctx, &err)) cli_die_err(&err);
     r.slots = df_xcalloc((size_t)r.n_slots, sizeof *r.slots);
