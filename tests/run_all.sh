@@ -80,6 +80,8 @@ run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
 run_counted real-layout bash tests/test_real_layout.sh "$B/deltafin-san"
 run_counted budget bash tests/test_budget.sh "$B/deltafin"
+# resumable batch jobs under kill -9 (the release build: the kills need a run of a few seconds)
+run_counted batch bash tests/test_batch.sh "$B/deltafin"
 run_counted server bash tests/test_server.sh "$B/deltafin-san"
 run_counted prompt-cache bash tests/test_pcache.sh "$B/deltafin-san"
 run_counted replay bash tests/test_replay.sh "$B/deltafin-san"

@@ -17,7 +17,7 @@ trap 'rm -rf "$T"' EXIT
 
 copy_model() { rm -rf "$T/m"; cp -r "$GOOD" "$T/m"; }
 
-for c in run inspect tokenize logits pack cache-sim serve bench; do
+for c in run inspect tokenize logits pack cache-sim serve batch bench; do
     if "$ENG" $c --help >"$T/out" 2>&1 && grep -q usage "$T/out"; then ok "help-$c"; else bad "help-$c" "no usage"; fi
 done
 "$ENG" --help >/dev/null 2>&1 && ok help-main || bad help-main "exit $?"

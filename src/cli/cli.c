@@ -198,6 +198,16 @@ const cli_opt CLI_OPTS[] = {
      "seconds of connecting (default 30), else it is closed", cli_set_int, F(request_timeout), 1, 3600},
     {"--max-conns-per-ip", "N", "connections one client address may hold at once (default\n"
      "32; 256 in all); raise it behind a reverse proxy", cli_set_int, F(max_per_ip), 1, 256},
+    /* batch */
+    {"--input", "FILE", "the jobs: OpenAI Batch API input, one JSON object a line\n"
+     "(custom_id, method POST, url /v1/chat/completions or\n"
+     "/v1/completions, body)", cli_set_str, F(input), 0, 0},
+    {"--output", "FILE", "the results, one JSON line per job (OpenAI Batch API output);\n"
+     "jobs whose custom_id it already holds are skipped, so the same\n"
+     "command started again finishes what an interrupted run left",
+     cli_set_str, F(output), 0, 0},
+    {"--parallel", "N", "jobs decoded together (1..64, default 4): their rows share each\n"
+     "forward pass, and each expert is read once for all of them", cli_set_int, F(parallel), 1, 64},
     /* benchmark and test controls: `deltafin bench` only */
     {"--replay-routing", "TRACE", "MoE layers use the expert ids of the trace's next token\n"
      "(# moe-routing-trace v1; one trace token per evaluated row,\n"
@@ -262,6 +272,13 @@ const cli_section CLI_SERVE_SECTIONS[] = {
     {0},
 };
 
+const cli_section CLI_BATCH_SECTIONS[] = {
+    {NULL, "--model --input --output --parallel"},
+    {"defaults of a job", "--max-new " SAMPLING_NAMES " --seed --no-think --think"},
+    {"engine", ENGINE_NAMES},
+    {0},
+};
+
 /* ---- shared around the table ------------------------------------------------------- */
 
 void cli_args_init(cli_args *a) {
@@ -276,6 +293,7 @@ void cli_args_init(cli_args *a) {
     a->request_timeout = 30;
     a->max_per_ip = 32;
     a->prompt_cache_ram = -1;
+    a->parallel = 4;
 }
 
 df_engine_opts cli_engine_opts(const cli_args *a) {

@@ -50,6 +50,9 @@ typedef struct cli_args {
     uint64_t max_body;
     int port, queue, request_timeout, max_per_ip;
     bool insecure_bind;
+    /* batch */
+    const char *input, *output;
+    int parallel;
     /* benchmark and test controls (`deltafin bench` only; engine/dev.h) */
     const char *replay;
     float sim_disk; /* GB/s */
@@ -61,7 +64,7 @@ typedef struct cli_args {
 
 extern const cli_opt CLI_OPTS[];
 /* What run, logits, inspect and serve list in --help and accept. */
-extern const cli_section CLI_RUN_SECTIONS[], CLI_LOGITS_SECTIONS[], CLI_SERVE_SECTIONS[];
+extern const cli_section CLI_RUN_SECTIONS[], CLI_LOGITS_SECTIONS[], CLI_SERVE_SECTIONS[], CLI_BATCH_SECTIONS[];
 /* The options only `deltafin bench` takes, named when a product command is given one. */
 extern const char CLI_BENCH_ONLY[];
 
@@ -141,6 +144,7 @@ int cli_serve_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 int cli_pack_main(int argc, char **argv);
 int cli_cache_sim_main(int argc, char **argv);
+int cli_batch_main(int argc, char **argv);
 
 /* run, logits and serve after parsing, with bench's hooks (dev NULL: none) */
 int cli_run(cli_args *a, const cli_dev *dev);

@@ -22,6 +22,7 @@ static const char MAIN_HELP[] =
     "  pack       rewrite a checkpoint's routed experts into an expert pack (--verify to check)\n"
     "  cache-sim  replay a routing trace through the expert cache policies\n"
     "  serve      OpenAI-compatible HTTP server (docs/server.md)\n"
+    "  batch      run a file of OpenAI Batch API jobs, several at once; resumable\n"
     "  bench      benchmarks and tests: one benchmark arm (run's options, a seeded\n"
     "             512-token prompt by default, teacher-forced decode, one JSON summary\n"
     "             line on stdout; make bench), or `bench run|logits|serve` with the\n"
@@ -33,7 +34,7 @@ static const struct {
 } COMMANDS[] = {
     {"run", cli_run_main},     {"inspect", cli_inspect_main}, {"tokenize", cli_tokenize_main},
     {"logits", cli_logits_main}, {"pack", cli_pack_main},     {"cache-sim", cli_cache_sim_main},
-    {"serve", cli_serve_main}, {"bench", cli_bench_main},
+    {"serve", cli_serve_main}, {"bench", cli_bench_main}, {"batch", cli_batch_main},
 };
 
 int main(int argc, char **argv) {
