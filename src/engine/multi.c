@@ -123,6 +123,7 @@ static int pass(df_batcher *b, const df_eval_item *it, int n_items, const int *f
     int rc = df_forward(&b->fwd, &bt, n_out ? b->scratch : NULL, false, err);
     b->fwd.out_rows = NULL;
     b->fwd.n_out = 0;
+    for (int k = 0; k < DF_BLK_N; k++) e->block_s[k] += b->fwd.block_s[k], b->fwd.block_s[k] = 0;
     if (rc) return rc;
     for (int i = 0; i < n_out; i++) memcpy(dst[i], b->scratch + (size_t)i * (size_t)V, sizeof(float) * (size_t)V);
     for (int r = 0; r < T; r++) ses[r]->tokens[pos[r]] = tok[r];
