@@ -300,6 +300,40 @@ int df_session_cache_store(df_session *s, int pos);
 int df_session_eval(df_session *s, const int32_t *tokens, int n,
                     float *logits, int want_all_rows, df_error *err);
 
+/* ---- several sessions at once --------------------------------------------- */
+
+/* One forward pass over rows of many sessions: each session's rows are
+ * appended to it as df_session_eval would, and a MoE layer runs (and, when
+ * experts stream, reads) each expert its rows need once for all of them. A
+ * row's logits are bit for bit those of its session evaluated alone. A
+ * batcher holds the work buffers of one pass (df_batcher_bytes); its
+ * sessions' own buffers are then never allocated unless df_session_eval is
+ * called on them. Used from one thread at a time, like its engine. */
+typedef struct df_batcher df_batcher;
+
+typedef struct df_eval_item {
+    df_session *session;   /* at most once per call */
+    const int32_t *tokens; /* n >= 1 tokens at the session's current position */
+    int n;
+    float *logits;         /* NULL, or room for vocab_size floats (all_rows == 0:
+                              the last row's) or n * vocab_size (all_rows != 0) */
+    int all_rows;
+} df_eval_item;
+
+/* max_rows: rows per pass (0: the engine's prefill chunk); max_context: the
+ * largest session context it will evaluate (0: the engine's context). */
+int df_batcher_new(df_batcher **out, df_engine *eng, int max_rows, int max_context, df_error *err);
+void df_batcher_free(df_batcher *b);
+int df_batcher_max_rows(const df_batcher *b);
+/* Bytes a batcher with these arguments allocates. */
+uint64_t df_batcher_bytes(const df_engine *eng, int max_rows, int max_context);
+/* Evaluates every item's tokens: passes of at most max_rows rows, filled
+ * with the items' rows in item order (an item longer than a pass's room
+ * continues in the next). On failure nothing of the failed pass is kept: each
+ * session holds the rows of the passes before it (df_session_pos; a recurrent
+ * state may go back to a kept position, as with df_session_eval). */
+int df_eval_multi(df_batcher *b, const df_eval_item *items, int n_items, df_error *err);
+
 /* ---- command-line helpers -------------------------------------------- */
 
 /* Parses a byte size as users write it: "4000000", "512M", "8G", "1.5GiB"
@@ -463,6 +497,40 @@ typedef struct df_generate_result {
  * stays consistent (df_session_tokens) and may be used again. */
 int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
                 df_generate_result *res, df_error *err);
+
+/* ---- generating for several requests at once -------------------------------- */
+
+/* Requests that advance together: each step is one df_eval_multi over every
+ * active request's rows (one decode row each; a joining request's prompt in
+ * chunks, so it holds the others up by at most one chunk per step), then each
+ * request samples with its own sampler and reports its tokens. Requests join
+ * (df_batchgen_add) and leave (finished, cancelled) between steps. A
+ * request's tokens are exactly those df_generate gives it alone with the same
+ * sampler seed. Plain decoding only (no df_spec yet). */
+typedef struct df_batchgen df_batchgen;
+
+/* When a request leaves: its result, and DF_OK or the evaluation error that
+ * ended it (err then says what). Its session is the caller's again. */
+typedef void (*df_done_fn)(void *user, const df_generate_result *res, int status, const df_error *err);
+
+/* max_rows: rows per step (0: the engine's prefill chunk); max_context: the
+ * largest session context a request brings (0: the engine's context). */
+int df_batchgen_new(df_batchgen **out, df_engine *eng, int max_rows, int max_context, df_error *err);
+void df_batchgen_free(df_batchgen *g); /* requests still in it are dropped unreported */
+/* Adds a request after prompt[0..n) on session s, which it holds until it
+ * leaves. From o: sampler (required), max_new, prefill_chunk (its prompt rows
+ * per step; 0: what the step has room for), reuse_prefix, logits_hook,
+ * force, on_token, on_prefill, on_step, cancelled (checked before each of its
+ * steps) and user (passed to all of them and to on_done). spec and
+ * prefill_progress must be NULL. The prompt is copied. */
+int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
+                    df_done_fn on_done, df_error *err);
+/* Requests not yet finished. */
+int df_batchgen_active(const df_batchgen *g);
+/* One step of every active request. Returns DF_OK (requests that finished
+ * were reported), or an evaluation error, which ends the requests of that
+ * step (each reported with it); the others go on. */
+int df_batchgen_step(df_batchgen *g, df_error *err);
 
 #ifdef __cplusplus
 }

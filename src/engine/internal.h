@@ -105,5 +105,7 @@ int df_engine_setup_replay(df_engine *e, const char *path, df_error *err);
 void df_engine_free_replay(df_engine *e);
 /* The forward pass's routing hook; user is the session. */
 void df_engine_replay_route(void *user, int layer, int row, int *ids);
+/* The expert ids trace token `token` (wrapping around) gives model layer `layer`. */
+void df_engine_replay_ids(const df_engine *e, uint64_t token, int layer, int *ids);
 
 #endif

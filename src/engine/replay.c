@@ -57,9 +57,12 @@ void df_engine_free_replay(df_engine *e) {
  * (wrapping around: a bench may decode more tokens than the trace holds). */
 void df_engine_replay_route(void *user, int layer, int row, int *ids) {
     const df_session *s = user;
-    const df_engine *e = s->eng;
+    df_engine_replay_ids(s->eng, s->replay_base + (uint64_t)row, layer, ids);
+}
+
+void df_engine_replay_ids(const df_engine *e, uint64_t token, int layer, int *ids) {
     const df_trace *t = e->replay;
-    int tok = (int)((s->replay_base + (uint64_t)row) % (uint64_t)t->n_tokens);
+    int tok = (int)(token % (uint64_t)t->n_tokens);
     const uint16_t *src = df_trace_at(t, tok, e->replay_layer[layer]);
     for (int k = 0; k < t->top_k; k++) ids[k] = src[k];
 }

@@ -32,8 +32,9 @@ int df_session_new(df_session **out, df_engine *e, int max_ctx, df_error *err) {
      * buffers would never be used */
     int rows = e->chunk < max_ctx ? e->chunk : max_ctx;
     s->tokens = df_xmalloc(sizeof(int32_t) * (size_t)max_ctx);
-    s->fwd = (df_fwd){.m = m, .pool = e->pool, .experts = e->experts, .max_rows = rows, .max_ctx = max_ctx,
-                      .work = c->arch->work_new(m, rows, max_ctx)};
+    /* work buffers at the first df_session_eval: a session evaluated only
+     * through a batcher (df_eval_multi) never needs its own */
+    s->fwd = (df_fwd){.m = m, .pool = e->pool, .experts = e->experts, .max_rows = rows, .max_ctx = max_ctx};
     if (e->replay) s->fwd.route = df_engine_replay_route, s->fwd.route_user = s;
     *out = s;
     return DF_OK;
@@ -93,6 +94,7 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
     if (s->seq->pos + n > s->max_ctx)
         return df_fail(err, DF_ERR_CONTEXT, "context full: %d + %d tokens exceed the %d-token context",
                        s->seq->pos, n, s->max_ctx);
+    if (!s->fwd.work) s->fwd.work = m->cfg.arch->work_new(m, s->fwd.max_rows, s->max_ctx);
     int R = s->fwd.max_rows;
     int pos[R];
     df_seq *seq[R];

@@ -519,7 +519,7 @@ static int forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, d
     const df_model *m = f->m;
     const df_config *c = &m->cfg;
     work *w = f->work;
-    int T = b->n, H = c->hidden_size;
+    int T = b->n;
     df_embed_rows(&m->embed, b->tokens, T, w->x);
     /* the first MoE layers are predicted from the embeddings */
     int depth = c->num_experts > 0 ? lookahead_depth(f) : 0;
@@ -537,9 +537,7 @@ static int forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, d
     }
     if (c->num_experts > 0) f->experts->ops->end_step(f->experts, T);
     if (!logits) return DF_OK;
-    int first = all_rows ? 0 : T - 1;
-    df_rmsnorm_rows(w->xb, w->x + (size_t)first * H, m->final_norm, T - first, H, (float)c->rms_norm_eps);
-    df_linear(f->pool, logits, w->xb, &m->lm_head, T - first);
+    df_forward_logits(f, w->x, w->xb, T, logits, all_rows);
     return DF_OK;
 }
 

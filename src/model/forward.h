@@ -59,6 +59,11 @@ typedef struct df_fwd {
     double block_s[DF_BLK_N];
     df_blk blk;
     double blk_t;
+    /* A multi-sequence pass wants the logits of chosen rows: when n_out > 0,
+     * logits gets one [vocab] row per out_rows[i] (batch rows, ascending), in
+     * place of all_rows / the last row. */
+    const int *out_rows;
+    int n_out;
 } df_fwd;
 
 /* Enters block b; returns the block left (to go back to after a nested one). */
@@ -75,5 +80,11 @@ static inline df_blk df_blk_enter(df_fwd *f, df_blk b) {
  * all_rows, else [vocab] for the last row. Fails only on expert read errors
  * (and on a malformed batch, a programming error reported as DF_ERR_ARG). */
 int df_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_error *err);
+
+/* The end of every family's pass: the final norm and the LM head on the rows
+ * the logits are asked for (the last, all, or f->out_rows) of the final
+ * hidden rows x [T][hidden]; xb is scratch for T rows. A row's logits are
+ * those of its own row alone, whichever rows go with it. */
+void df_forward_logits(df_fwd *f, const float *x, float *xb, int T, float *logits, bool all_rows);
 
 #endif

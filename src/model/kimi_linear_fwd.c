@@ -347,13 +347,11 @@ int kl_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_er
     }
     if (c->num_experts > 0) f->experts->ops->end_step(f->experts, T);
     if (!logits) return DF_OK;
-    int first = all_rows ? 0 : T - 1;
     const float *x = w->x;
     if (c->attn_res_block) {
         attn_res(w, T, n_anchor, w->x, fm->out_res_q, H, w->ain);
         x = w->ain;
     }
-    df_rmsnorm_rows(w->xb, x + (size_t)first * H, m->final_norm, T - first, H, (float)c->rms_norm_eps);
-    df_linear(f->pool, logits, w->xb, &m->lm_head, T - first);
+    df_forward_logits(f, x, w->xb, T, logits, all_rows);
     return DF_OK;
 }
