@@ -183,7 +183,7 @@ const cli_opt CLI_OPTS[] = {
     /* serve */
     {"--host", "ADDR", "address to bind (default 127.0.0.1)", cli_set_str, F(host), 0, 0},
     {"--port", "N", "TCP port (default 8080)", cli_set_int, F(port), 1, 65535},
-    {"--queue", "N", "requests that may wait behind the running one (default 8);\n"
+    {"--queue", "N", "requests that may wait behind the running ones (default 8);\n"
      "beyond that the answer is 429 with Retry-After", cli_set_int, F(queue), 0, 4096},
     {"--api-key-file", "PATH", "require 'Authorization: Bearer KEY' (all but /health), KEY\n"
      "being the first line of PATH; without this option or\n"
@@ -198,6 +198,10 @@ const cli_opt CLI_OPTS[] = {
      "seconds of connecting (default 30), else it is closed", cli_set_int, F(request_timeout), 1, 3600},
     {"--max-conns-per-ip", "N", "connections one client address may hold at once (default\n"
      "32; 256 in all); raise it behind a reverse proxy", cli_set_int, F(max_per_ip), 1, 256},
+    {"--parallel", "N", "requests decoded together (1..64, default 4; 1 with --draft):\n"
+     "their rows share each forward pass, and each expert is read\n"
+     "once for all of them; each has its own session (--ram-budget\n"
+     "counts N)", cli_set_int, F(parallel), 1, 64},
     /* benchmark and test controls: `deltafin bench` only */
     {"--replay-routing", "TRACE", "MoE layers use the expert ids of the trace's next token\n"
      "(# moe-routing-trace v1; one trace token per evaluated row,\n"
@@ -253,7 +257,7 @@ const cli_section CLI_LOGITS_SECTIONS[] = {
 };
 
 const cli_section CLI_SERVE_SECTIONS[] = {
-    {NULL, "--model --host --port --queue --api-key-file --api-key --insecure-bind --max-body "
+    {NULL, "--model --host --port --parallel --queue --api-key-file --api-key --insecure-bind --max-body "
            "--request-timeout --max-conns-per-ip"},
     {"defaults of a request", "--max-new " SAMPLING_NAMES " --no-think --think"},
     {"engine", ENGINE_NAMES},
@@ -275,6 +279,7 @@ void cli_args_init(cli_args *a) {
     a->max_body = 1 << 20;
     a->request_timeout = 30;
     a->max_per_ip = 32;
+    a->parallel = 0; /* serve: 4, or 1 with --draft */
     a->prompt_cache_ram = -1;
 }
 

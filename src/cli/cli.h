@@ -50,6 +50,7 @@ typedef struct cli_args {
     uint64_t max_body;
     int port, queue, request_timeout, max_per_ip;
     bool insecure_bind;
+    int parallel; /* serve: requests decoded together; 0: the default */
     /* benchmark and test controls (`deltafin bench` only; engine/dev.h) */
     const char *replay;
     float sim_disk; /* GB/s */
