@@ -316,6 +316,22 @@ else
     bad parallel-client "tests/server/node_modules missing: run scripts/setup.sh"
 fi
 
+# each slot keeps its session: conversation A, then B, then A again finds A's prompt
+# in the slot it left it in (no prompt cache here), where one session would hold B's
+chat_a='{"model":"m","messages":[{"role":"system","content":"You are a pirate who speaks in riddles and rhymes."},{"role":"user","content":"Where is the treasure?"}],"max_tokens":3,"temperature":0}'
+chat_b='{"model":"m","messages":[{"role":"user","content":"Completely different."}],"max_tokens":3,"temperature":0}'
+post /v1/chat/completions "$chat_a" >/dev/null
+post /v1/chat/completions "$chat_b" >/dev/null
+st=$(post /v1/chat/completions "$chat_a")
+c=$(jq_py 'd["usage"]["prompt_tokens_details"]["cached_tokens"], d["usage"]["prompt_tokens"]')
+set -- $c
+[ "$st" = 200 ] && [ "${1:-0}" -gt 0 ] && [ "${1:-0}" = $((${2:-0} - 1)) ] && ok parallel-slot-reuse \
+    || bad parallel-slot-reuse "status $st, cached and prompt tokens: $c"
+# speculative decoding is not batched: --draft with --parallel above 1 is refused
+"$ENG" serve --model "$MODEL" --port "$PORT8" --draft lookup --parallel 2 >"$T/dp.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--parallel 1" "$T/dp.out" && ok parallel-draft-refused || bad parallel-draft-refused "exit $rc: $(cat "$T/dp.out")"
+
 # ---- load: 4 clients x 10 requests, every answer complete and correct, RSS bounded
 $PY - "$U" "$S1" "$IDS" <<'EOF' && ok load || bad load "see above"
 import json, sys, threading, urllib.request

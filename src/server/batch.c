@@ -128,6 +128,9 @@ void srv_batch_worker(void) {
             admit(&b, j);
             pthread_mutex_lock(&g_srv.mu);
         }
+        /* a job taken off the queue as the server began to stop was in no
+         * slot when srv_stop_requests cancelled the running ones */
+        if (g_srv.stopping) srv_cancel_active();
         pthread_mutex_unlock(&g_srv.mu);
         if (df_batchgen_active(b.bg)) step(&b);
         pthread_mutex_lock(&g_srv.mu);
