@@ -97,6 +97,11 @@ typedef struct df_engine_opts {
     uint64_t prompt_cache_size;
     uint64_t prompt_cache_ram;
     int prompt_cache_every;
+    /* Sessions that run at once (serve --parallel), for the budget: 0 or 1:
+     * one session with its own work buffers; N > 1: N sessions' state, one
+     * df_batcher's work buffers of prefill_chunk rows (df_eval_multi; the
+     * sessions then allocate none), and N logits rows and samplers. */
+    int sessions;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -158,11 +163,12 @@ typedef struct df_stats {
      * was sized: experts resident and no budget). mem_estimate is the peak
      * RSS the engine expects: what it measured (weights kept in RAM,
      * tokenizer), one session at mem_context positions, slack, the reserve
-     * and the expert slots; or the peak while loading, if that was higher. */
+     * and the expert slots; or the peak while loading, if that was higher.
+     * mem_session counts mem_sessions sessions (df_engine_opts.sessions). */
     uint64_t ram_budget;        /* df_engine_opts.ram_budget, 0: none */
     uint64_t mem_estimate;
     uint64_t mem_resident, mem_load_peak, mem_session, mem_slack, mem_reserve;
-    int mem_context;
+    int mem_context, mem_sessions;
     const char *cache_sizing;   /* what set cache_bytes: "all experts fit", "--ram-budget",
                                    "--expert-cache" or "available memory" */
     uint64_t mem_available;     /* the machine's available memory then (MemAvailable) */
@@ -507,7 +513,8 @@ int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_o
  * request samples with its own sampler and reports its tokens. Requests join
  * (df_batchgen_add) and leave (finished, cancelled) between steps. A
  * request's tokens are exactly those df_generate gives it alone with the same
- * sampler seed. Plain decoding only (no df_spec yet). */
+ * sampler seed. With the engine's prompt cache a request restores at join
+ * and stores as df_generate does. Plain decoding only (no df_spec yet). */
 typedef struct df_batchgen df_batchgen;
 
 /* When a request leaves: its result, and DF_OK or the evaluation error that

@@ -9,7 +9,10 @@
 # test with an RSS bound, the API key from a file or the environment, and a
 # clean, leak-free shutdown; at the HTTP level (tests/server/http_edge.py, raw
 # sockets): request framing, half-closed clients, the request timeout and the
-# per-address connection limit; the prompt cache across a restart and its RAM tier.
+# per-address connection limit; the prompt cache across a restart and its RAM tier;
+# continuous batching (--parallel, the default 4): concurrent requests, joining,
+# aborting, seeds and the occupancy metrics against a --parallel 1 server, 429 beyond
+# parallel + queue, and the RAM budget counting every slot's session.
 # Ends with "N passed, N failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -293,6 +296,43 @@ else
     bad node-client "tests/server/node_modules missing: run scripts/setup.sh"
 fi
 
+# ---- continuous batching: the server above decodes up to 4 requests together (the
+# default --parallel); each request's text equals that of a --parallel 1 server
+# (tests/server/parallel.mjs: joining, a client's abort, seeds, occupancy metrics)
+PORT8=$((PORT + 6000))
+if [ -d tests/server/node_modules/openai ]; then
+    start_server "$T/p1.log" "$PORT8" --ctx 8192 --parallel 1 || bad parallel-ref "did not start"
+    P1=$SPID
+    node tests/server/parallel.mjs "http://127.0.0.1:$PORT8/v1" "$U/v1" >"$T/par.out" 2>&1
+    while read -r w n rest; do
+        case $w in ok) ok "$n" ;; FAIL) bad "${n%:}" "$rest" ;; esac
+    done <"$T/par.out"
+    grep -qE '^(ok|FAIL) ' "$T/par.out" || bad parallel-client "$(tail -5 "$T/par.out")"
+    m=$(curl -s "http://127.0.0.1:$PORT8/metrics" | sed -n 's/^deltafin_batch_parallel \([0-9]*\)$/\1/p')
+    [ "$m" = 1 ] && ok parallel-1-metrics || bad parallel-1-metrics "deltafin_batch_parallel '$m'"
+    kill -TERM "$P1"; rc=0; wait "$P1" || rc=$?; PIDS=("${PIDS[@]/$P1}")
+    [ $rc -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/p1.log" && ok parallel-1-shutdown \
+        || bad parallel-1-shutdown "exit $rc: $(grep -hE -A12 'Sanitizer|runtime error' "$T/p1.log" | head -30)"
+else
+    bad parallel-client "tests/server/node_modules missing: run scripts/setup.sh"
+fi
+
+# each slot keeps its session: conversation A, then B, then A again finds A's prompt
+# in the slot it left it in (no prompt cache here), where one session would hold B's
+chat_a='{"model":"m","messages":[{"role":"system","content":"You are a pirate who speaks in riddles and rhymes."},{"role":"user","content":"Where is the treasure?"}],"max_tokens":3,"temperature":0}'
+chat_b='{"model":"m","messages":[{"role":"user","content":"Completely different."}],"max_tokens":3,"temperature":0}'
+post /v1/chat/completions "$chat_a" >/dev/null
+post /v1/chat/completions "$chat_b" >/dev/null
+st=$(post /v1/chat/completions "$chat_a")
+c=$(jq_py 'd["usage"]["prompt_tokens_details"]["cached_tokens"], d["usage"]["prompt_tokens"]')
+set -- $c
+[ "$st" = 200 ] && [ "${1:-0}" -gt 0 ] && [ "${1:-0}" = $((${2:-0} - 1)) ] && ok parallel-slot-reuse \
+    || bad parallel-slot-reuse "status $st, cached and prompt tokens: $c"
+# speculative decoding is not batched: --draft with --parallel above 1 is refused
+"$ENG" serve --model "$MODEL" --port "$PORT8" --draft lookup --parallel 2 >"$T/dp.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--parallel 1" "$T/dp.out" && ok parallel-draft-refused || bad parallel-draft-refused "exit $rc: $(cat "$T/dp.out")"
+
 # ---- load: 4 clients x 10 requests, every answer complete and correct, RSS bounded
 $PY - "$U" "$S1" "$IDS" <<'EOF' && ok load || bad load "see above"
 import json, sys, threading, urllib.request
@@ -334,7 +374,7 @@ print(f"load: 120 requests ok, rss {r0} -> {r1} MiB")
 EOF
 
 # ---- queue limit (429), API key (401), binding policy: a second server
-start_server "$T/s2.log" "$PORT2" --ctx 8192 --queue 1 --api-key sekrit || bad server2 "did not start"
+start_server "$T/s2.log" "$PORT2" --ctx 8192 --parallel 1 --queue 1 --api-key sekrit || bad server2 "did not start"
 U2=http://127.0.0.1:$PORT2
 st=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' "$U2/v1/models")
 [ "$st" = 401 ] && ok auth-wrong-key || bad auth-wrong-key "status $st"
@@ -372,6 +412,32 @@ kill -TERM "$S2"
 for _ in $(seq 100); do kill -0 "$S2" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$S2" 2>/dev/null; then bad sigterm-while-generating "still running 10 s after SIGTERM"; kill -9 "$S2"; else ok sigterm-while-generating; fi
 kill "$slowc" 2>/dev/null; wait "$slowc" 2>/dev/null
+# --parallel 2 --queue 1: two requests decode, one waits, the fourth is refused
+start_server "$T/s3.log" "$PORT2" --ctx 8192 --parallel 2 --queue 1 || bad server3 "did not start"
+S3=$SPID
+bg=()
+for i in 1 2 3; do
+    curl -s -o /dev/null -H 'Content-Type: application/json' "$U2/v1/completions" --data-binary "$SLOW" &
+    bg+=($!)
+    sleep 0.3
+done
+a=$(curl -s "$U2/metrics" | awk '$1 == "deltafin_batch_active" { b = $2 } $1 == "deltafin_queue_length" { q = $2 } END { print b, q }')
+st=$(curl -s -D "$T/h429" -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$U2/v1/completions" --data-binary "$SLOW")
+[ "$st" = 429 ] && grep -qi '^retry-after: ' "$T/h429" && [ "$a" = "2 1" ] && ok parallel-queue-full-429 \
+    || bad parallel-queue-full-429 "status $st, active and queued: $a"
+kill "${bg[@]}" 2>/dev/null; wait "${bg[@]}" 2>/dev/null
+kill -TERM "$S3"; rc=0; wait "$S3" || rc=$?; PIDS=("${PIDS[@]/$S3}")
+[ $rc -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s3.log" && ok parallel-shutdown \
+    || bad parallel-shutdown "exit $rc: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s3.log" | head -30)"
+# the RAM budget holds every slot's session: a budget that --parallel 1 starts under
+# is too small for --parallel 64 at the same context (the message says what it counts)
+start_server "$T/b1.log" "$PORT2" --ctx 16384 --parallel 1 --ram-budget 600M && ok parallel-budget-1 \
+    || bad parallel-budget-1 "$(cat "$T/b1.log")"
+kill -TERM "$SPID"; wait "$SPID"; PIDS=("${PIDS[@]/$SPID}")
+"$ENG" serve --model "$MODEL" --threads 2 --port "$PORT2" --ctx 16384 --parallel 64 --ram-budget 600M >"$T/b64.out" 2>&1
+rc=$?
+grep -q "too small.*64 sessions of a 16384-token context" "$T/b64.out" && [ $rc -ne 0 ] && ok parallel-budget \
+    || bad parallel-budget "exit $rc: $(cat "$T/b64.out")"
 "$ENG" serve --model "$MODEL" --host 0.0.0.0 --port "$PORT2" >"$T/bind.out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--api-key" "$T/bind.out" && ok refuse-public-bind || bad refuse-public-bind "$(cat "$T/bind.out")"
 

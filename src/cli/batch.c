@@ -357,8 +357,11 @@ int cli_batch_main(int argc, char **argv) {
     cli_args_init(&a);
     int rc = cli_parse(&BATCH_CMD, &a, argc, argv);
     if (rc) return rc == CLI_HELP ? 0 : rc;
+    if (!a.parallel) a.parallel = 4;
     if (!a.model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
     if (!a.input || !a.output) cli_die("--input FILE and --output FILE are required");
+    if (!a.prompt_cache && (a.prompt_cache_size || a.prompt_cache_every))
+        cli_die("--prompt-cache-size and --prompt-cache-every need --prompt-cache");
     if (a.ctx == 1) cli_die("--ctx expects an integer in 2..%d, got '1'", 1 << 24);
     run r = {.a = &a};
     batch_read_input(a.input, &r.in);

@@ -183,7 +183,7 @@ const cli_opt CLI_OPTS[] = {
     /* serve */
     {"--host", "ADDR", "address to bind (default 127.0.0.1)", cli_set_str, F(host), 0, 0},
     {"--port", "N", "TCP port (default 8080)", cli_set_int, F(port), 1, 65535},
-    {"--queue", "N", "requests that may wait behind the running one (default 8);\n"
+    {"--queue", "N", "requests that may wait behind the running ones (default 8);\n"
      "beyond that the answer is 429 with Retry-After", cli_set_int, F(queue), 0, 4096},
     {"--api-key-file", "PATH", "require 'Authorization: Bearer KEY' (all but /health), KEY\n"
      "being the first line of PATH; without this option or\n"
@@ -206,8 +206,10 @@ const cli_opt CLI_OPTS[] = {
      "jobs whose custom_id it already holds are skipped, so the same\n"
      "command started again finishes what an interrupted run left",
      cli_set_str, F(output), 0, 0},
-    {"--parallel", "N", "jobs decoded together (1..64, default 4): their rows share each\n"
-     "forward pass, and each expert is read once for all of them", cli_set_int, F(parallel), 1, 64},
+    {"--parallel", "N", "requests (serve) or jobs (batch) decoded together (1..64,\n"
+     "default 4; serve: 1 with --draft): their rows share each forward\n"
+     "pass, and each expert is read once for all of them; each has its\n"
+     "own session (--ram-budget counts N)", cli_set_int, F(parallel), 1, 64},
     /* benchmark and test controls: `deltafin bench` only */
     {"--replay-routing", "TRACE", "MoE layers use the expert ids of the trace's next token\n"
      "(# moe-routing-trace v1; one trace token per evaluated row,\n"
@@ -263,7 +265,7 @@ const cli_section CLI_LOGITS_SECTIONS[] = {
 };
 
 const cli_section CLI_SERVE_SECTIONS[] = {
-    {NULL, "--model --host --port --queue --api-key-file --api-key --insecure-bind --max-body "
+    {NULL, "--model --host --port --parallel --queue --api-key-file --api-key --insecure-bind --max-body "
            "--request-timeout --max-conns-per-ip"},
     {"defaults of a request", "--max-new " SAMPLING_NAMES " --no-think --think"},
     {"engine", ENGINE_NAMES},
@@ -276,6 +278,7 @@ const cli_section CLI_BATCH_SECTIONS[] = {
     {NULL, "--model --input --output --parallel"},
     {"defaults of a job", "--max-new " SAMPLING_NAMES " --seed --no-think --think"},
     {"engine", ENGINE_NAMES},
+    {"prompt cache", PCACHE_NAMES},
     {0},
 };
 
@@ -292,8 +295,8 @@ void cli_args_init(cli_args *a) {
     a->max_body = 1 << 20;
     a->request_timeout = 30;
     a->max_per_ip = 32;
+    a->parallel = 0; /* serve: 4, or 1 with --draft */
     a->prompt_cache_ram = -1;
-    a->parallel = 4;
 }
 
 df_engine_opts cli_engine_opts(const cli_args *a) {

@@ -52,7 +52,7 @@ typedef struct cli_args {
     bool insecure_bind;
     /* batch */
     const char *input, *output;
-    int parallel;
+    int parallel; /* serve, batch: requests decoded together; 0: the default (4; serve: 1 with --draft) */
     /* benchmark and test controls (`deltafin bench` only; engine/dev.h) */
     const char *replay;
     float sim_disk; /* GB/s */

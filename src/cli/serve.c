@@ -22,7 +22,8 @@ static const cli_cmd SERVE_CMD = {
              "\n"
              "Serves the model over an OpenAI-compatible HTTP API (see docs/server.md):\n"
              "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health,\n"
-             "GET /metrics (Prometheus). One generation runs at a time; others queue.\n",
+             "GET /metrics (Prometheus). Up to --parallel requests are decoded together;\n"
+             "others queue.\n",
     .table = CLI_OPTS, .sections = {CLI_SERVE_SECTIONS}, .bench_only = CLI_BENCH_ONLY,
     .bench_where = "deltafin bench serve", .refused = "--replay-routing",
     .refused_why = "is for benchmarks and tests only: the server refuses it (its output would not be the "
@@ -98,6 +99,7 @@ static int start_failed(const df_error *err) {
 /* The engine and the drafter; nonzero: the exit status (said why). */
 static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, df_spec **spec) {
     df_engine_opts eo = cli_engine_opts(a);
+    eo.sessions = a->parallel; /* each request in the batch has its own session */
     df_error err;
     char what[600], both[700];
     if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) return start_failed(&err);
@@ -137,6 +139,11 @@ int cli_serve(cli_args *a, const cli_dev *dev) {
         cli_die(dev ? "--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft"
                     : "--draft-k, --lookup-n and --draft-rejection need --draft");
     if (!a->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
+    /* speculative decoding runs one request at a time (a batch does not draft yet) */
+    if (a->draft && a->parallel > 1)
+        cli_die("--draft works with --parallel 1 only: speculative decoding does not run in a batch yet "
+                "(--parallel 1 serves one request at a time with the drafter)");
+    if (!a->parallel) a->parallel = a->draft ? 1 : 4;
     if (!a->prompt_cache && (a->prompt_cache_size || a->prompt_cache_every || a->prompt_cache_ram >= 0))
         cli_die("--prompt-cache-size, --prompt-cache-every and --prompt-cache-ram need --prompt-cache");
     resolve_api_key(a);
@@ -154,7 +161,7 @@ int cli_serve(cli_args *a, const cli_dev *dev) {
     size_t ml = strlen(model_id);
     while (ml > 1 && model_id[ml - 1] == '/') model_id[--ml] = 0;
     srv_config cfg = {.addr = (struct sockaddr *)&ss, .addr_len = ss_len, .host = a->host, .port = a->port,
-                      .api_key = a->api_key, .max_body = a->max_body, .queue = a->queue,
+                      .api_key = a->api_key, .max_body = a->max_body, .queue = a->queue, .parallel = a->parallel,
                       .request_timeout = a->request_timeout, .max_per_ip = a->max_per_ip,
                       .ctx = a->ctx ? a->ctx : (info->max_context < 4096 ? info->max_context : 4096),
                       .model_id = model_id, .sp = a->sp, .temp_set = a->temp_set, .top_p_set = a->top_p_set,

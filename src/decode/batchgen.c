@@ -9,11 +9,17 @@
  * (the last token taken), sampled with the request's own sampler and logits
  * hook, and the same stop conditions (take() mirrors generate.c's). Only the
  * batch a row is evaluated in differs, which changes no logits (forward.h).
+ *
+ * With the engine's prompt cache, a request restores and stores as
+ * df_generate does: the longest cached prefix at join, the interval's
+ * multiples (a model with recurrent state ends its chunks there), the
+ * prompt less its last token, and the end of the generation.
  */
 #include "deltafin.h"
 
 #include "util/util.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +31,9 @@ typedef struct req {
     int32_t *hist;       /* prompt + new tokens */
     int n_prompt, nh, limit;
     int next;            /* prefill: the next prompt row to evaluate */
+    int from;            /* the first row evaluated (held or restored before) */
+    int every;           /* the prompt cache's interval, 0: none */
+    bool split;          /* recurrent state: chunks end at the interval's multiples */
     bool decoding, done;
     float *logits;
     double t_start, t_decode;
@@ -81,6 +90,7 @@ int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n,
     if (n >= cap)
         return df_fail(err, DF_ERR_CONTEXT, "the prompt of %d tokens leaves no room in the %d-token context", n,
                        cap);
+    double t_start = df_now();
     int keep = 0;
     if (o->reuse_prefix) {
         const int32_t *held = df_session_tokens(s);
@@ -89,8 +99,20 @@ int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n,
     }
     /* the nearest position at or before that the session can return to */
     if ((keep = df_session_rollback(s, keep, err)) < 0) return err->code;
+    int every = df_session_cache_interval(s), cached = 0;
+    if (every) {
+        int at = df_session_cache_restore(s, prompt, n - 1, err);
+        if (at < 0) return err->code;
+        cached = at - keep;
+        keep = at;
+    }
     df_session_keep(s, n); /* a later prompt may share this one */
+    if (every) df_session_keep(s, n - 1);
     req *q = df_xcalloc(1, sizeof *q);
+    q->every = every;
+    q->split = every && df_session_keep_limit(s) != INT_MAX;
+    q->from = keep;
+    q->r.prompt_cached = cached;
     int room = cap - n;
     q->s = s;
     q->o = *o;
@@ -102,7 +124,7 @@ int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n,
     q->next = keep;
     q->r.prompt_reused = keep;
     q->logits = df_xmalloc(sizeof(float) * (size_t)g->V);
-    q->t_start = df_now();
+    q->t_start = t_start;
     req **pp = &g->head;
     while (*pp) pp = &(*pp)->next_req;
     *pp = q;
@@ -138,7 +160,19 @@ static int32_t sample(df_batchgen *g, req *q) {
     return df_sampler_sample(o->sampler, q->logits, g->V, q->hist, q->nh);
 }
 
+/* generate.c's store_prompt(): the prompt cache's positions of the prompt
+ * from q->from up to the session's position. */
+static void store_prompt(req *q) {
+    int pos = df_session_pos(q->s), n = q->n_prompt;
+    for (int m = (q->from / q->every + 1) * q->every; m < n - 1 && m <= pos; m += q->every)
+        df_session_cache_store(q->s, m);
+    if (pos >= n - 1 && n - 1 > q->from) df_session_cache_store(q->s, n - 1);
+}
+
 static void finish(df_batchgen *g, req *q, int status, const df_error *err) {
+    if (q->every && !q->decoding) store_prompt(q); /* what a cut-short prompt got to */
+    /* the end of the turn: the next one in a conversation starts with it */
+    if (q->every && status == DF_OK && q->r.produced > 0) df_session_cache_store(q->s, df_session_pos(q->s));
     double now = df_now();
     if (q->decoding) q->r.decode_s = now - q->t_decode;
     else q->r.prefill_s = now - q->t_start;
@@ -151,7 +185,9 @@ static void finish(df_batchgen *g, req *q, int status, const df_error *err) {
 static void advance(df_batchgen *g, req *q, int rows, double step_s) {
     if (!q->decoding) {
         q->next += rows;
+        if (q->split && q->next % q->every == 0 && q->next < q->n_prompt - 1) df_session_cache_store(q->s, q->next);
         if (q->next < q->n_prompt) return;
+        if (q->every) store_prompt(q);
         double now = df_now();
         q->r.prefill_s = now - q->t_start;
         if (q->o.on_prefill) q->o.on_prefill(q->o.user, q->n_prompt - q->r.prompt_reused, q->r.prefill_s);
@@ -201,6 +237,9 @@ int df_batchgen_step(df_batchgen *g, df_error *err) {
         int rows = q->n_prompt - q->next, chunk = q->o.prefill_chunk > 0 ? q->o.prefill_chunk : room;
         if (rows > chunk) rows = chunk;
         if (rows > room) rows = room;
+        /* a recurrent state exists to be stored only where a chunk ends */
+        int m = (q->next / (q->split ? q->every : 1) + 1) * q->every;
+        if (q->split && m < q->n_prompt - 1 && q->next + rows > m) rows = m - q->next;
         room -= rows;
         it[k] = (df_eval_item){q->s, q->hist + q->next, rows, q->logits, 0}, who[k++] = q;
     }

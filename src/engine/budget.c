@@ -1,6 +1,6 @@
 /*
  * engine/budget.c - the RAM budget: the memory plan measured at open (what is
- * resident, one session, slack, a reserve), the forward chunk under a tight
+ * resident, the sessions, slack, a reserve), the forward chunk under a tight
  * budget, the expert cache's size and what set it, and opening the expert
  * store with it. docs/budget.md has the counts and their measurements.
  */
@@ -21,11 +21,19 @@ uint64_t df_engine_session_bytes_at(const df_model *m, int ctx, int chunk) {
     return df_add_sat(m->cfg.arch->seq_bytes(m, ctx), chunk > 0 ? work_bytes(m, chunk, ctx) : 0);
 }
 
+/* n sessions that run at once: each one's state, and one set of work
+ * buffers (a lone session's own, or the batcher's that evaluates them all). */
+static uint64_t sessions_bytes(const df_model *m, int ctx, int chunk, int n) {
+    return df_add_sat(df_mul_sat(m->cfg.arch->seq_bytes(m, ctx), (uint64_t)n),
+                      chunk > 0 ? work_bytes(m, chunk, ctx) : 0);
+}
+
 /* What the memory estimate leaves room for beyond the weights, the tokenizer,
  * one session and the expert slots: allocator slack, thread stacks and code
  * paged in later (SLACK_FIXED), the caller's logits row, the sampler's
  * scratch and the server's token counts (per vocabulary entry: 4 + 48 + 4
- * bytes, sampler.c), its token copies (per position), and the pack's
+ * bytes, sampler.c), its token copies (per position), all once per session
+ * that runs at once (df_engine_opts.sessions), and the pack's
  * records, the store's and the policy's tables (per routed expert of the
  * model; the store never has more slots than experts plus top-k). Measured:
  * docs/budget.md. */
@@ -86,11 +94,13 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
     if (!experts_resident)
         for (int li = 0; li < c->num_hidden_layers; li++)
             n_experts += c->layer_is_moe[li] ? (uint64_t)c->num_experts : 0;
-    p->slack = df_add_sat(SLACK_FIXED, SLACK_PER_VOCAB * (uint64_t)c->vocab_size +
-                                           SLACK_PER_POSITION * (uint64_t)ctx + SLACK_PER_EXPERT * n_experts);
+    int n = o->sessions > 1 ? o->sessions : 1;
+    uint64_t per_session = SLACK_PER_VOCAB * (uint64_t)c->vocab_size + SLACK_PER_POSITION * (uint64_t)ctx;
+    p->slack = df_add_sat(SLACK_FIXED, df_add_sat(df_mul_sat(per_session, (uint64_t)n), SLACK_PER_EXPERT * n_experts));
     p->reserve = o->reserve_bytes;
     p->context = ctx;
-    p->session = df_engine_session_bytes_at(m, ctx, e->chunk);
+    p->sessions = n;
+    p->session = sessions_bytes(m, ctx, e->chunk, n);
     p->available = mem_available();
 }
 
@@ -112,19 +122,21 @@ static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df
      * buffers take at most a quarter of what the weights and the KV cache
      * leave, the rest going to expert slots. */
     if (e->chunk > p->context) e->chunk = p->context;
-    uint64_t fixed = plan_total(p, df_engine_session_bytes_at(m, p->context, 0));
+    uint64_t fixed = plan_total(p, sessions_bytes(m, p->context, 0, p->sessions));
     if (!o->prefill_chunk && fixed < budget)
         while (e->chunk > 16 && work_bytes(m, e->chunk, p->context) > (budget - fixed) / 4)
             e->chunk /= 2;
-    p->session = df_engine_session_bytes_at(m, p->context, e->chunk);
+    p->session = sessions_bytes(m, p->context, e->chunk, p->sessions);
     uint64_t need = plan_total(p, p->session);
     if (need >= budget) {
-        char what[800];
+        char what[800], ctx[80];
+        if (p->sessions > 1) snprintf(ctx, sizeof ctx, "%d sessions of a %d-token context", p->sessions, p->context);
+        else snprintf(ctx, sizeof ctx, "a %d-token context", p->context);
         if (o->reserve_bytes)
-            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer, a %d-token context and %.1f MiB for %s",
-                     p->context, (double)o->reserve_bytes / 1048576.0, o->reserve_for ? o->reserve_for : "other data");
+            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer, %s and %.1f MiB for %s", ctx,
+                     (double)o->reserve_bytes / 1048576.0, o->reserve_for ? o->reserve_for : "other data");
         else
-            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer and a %d-token context", p->context);
+            snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer and %s", ctx);
         return df_fail(err, DF_ERR_ARG, "--ram-budget %.1f MiB is too small: %s already need %.1f MiB",
                        (double)budget / 1048576.0, what, (double)need / 1048576.0);
     }
@@ -169,9 +181,11 @@ static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, ch
         int rc = budget_left(e, o, cache, err);
         if (rc) return rc;
         e->cache_sizing = "--ram-budget";
+        char ctx[80] = "a";
+        if (p->sessions > 1) snprintf(ctx, sizeof ctx, "%d sessions of a", p->sessions);
         snprintf(what, n, "--ram-budget %.1f MiB (%.1f MiB of it for the weights kept in RAM, the tokenizer "
-                 "and a %d-token context) leaves", (double)o->ram_budget / 1048576.0,
-                 (double)(o->ram_budget - *cache) / 1048576.0, p->context);
+                 "and %s %d-token context) leaves", (double)o->ram_budget / 1048576.0,
+                 (double)(o->ram_budget - *cache) / 1048576.0, ctx, p->context);
     } else {
         *cache = UINT64_MAX;
     }
@@ -250,6 +264,7 @@ void df_engine_mem_stats(const df_engine *e, df_stats *o) {
     o->mem_slack = p->slack;
     o->mem_reserve = p->reserve;
     o->mem_context = p->context;
+    o->mem_sessions = p->sessions;
     o->cache_sizing = e->cache_sizing;
     o->mem_available = p->available;
 }

@@ -26,11 +26,12 @@
 typedef struct df_mem_plan {
     uint64_t resident;  /* RSS with the weights kept in RAM and the tokenizer in */
     uint64_t load_peak; /* VmHWM then: loading may peak above what stays */
-    uint64_t session;   /* one session: KV cache at `context`, work buffers */
+    uint64_t session;   /* `sessions` sessions' KV caches at `context`, one set of work buffers */
     uint64_t slack;     /* what else comes (SLACK_*) */
     uint64_t reserve;   /* df_engine_opts.reserve_bytes (a draft model) */
     uint64_t available; /* the machine's available memory then */
     int context;
+    int sessions;       /* df_engine_opts.sessions, at least 1 */
 } df_mem_plan;
 
 struct df_engine {

@@ -384,8 +384,8 @@ static int serve(sigset_t *set) {
         srv_stop_requests();
         return 1;
     }
-    fprintf(stderr, "deltafin serve: %s on http://%s:%d (context %d, queue %d%s)\n", g_srv.cfg.model_id, o->host, o->port,
-            g_srv.cfg.ctx, o->queue, o->api_key ? ", API key required" : "");
+    fprintf(stderr, "deltafin serve: %s on http://%s:%d (context %d, parallel %d, queue %d%s)\n", g_srv.cfg.model_id,
+            o->host, o->port, g_srv.cfg.ctx, o->parallel, o->queue, o->api_key ? ", API key required" : "");
 
     sigdelset(set, SIGPIPE);
     int sig = 0;
@@ -401,6 +401,13 @@ static int serve(sigset_t *set) {
 
 int srv_run(const srv_config *cfg, df_engine *eng, df_spec *spec) {
     g_srv.cfg = *cfg;
+    if (g_srv.cfg.parallel < 1) g_srv.cfg.parallel = 1;
+    g_srv.active = calloc((size_t)g_srv.cfg.parallel, sizeof *g_srv.active);
+    g_srv.step_hist = calloc((size_t)g_srv.cfg.parallel + 1, sizeof *g_srv.step_hist);
+    if (!g_srv.active || !g_srv.step_hist) {
+        fprintf(stderr, "deltafin: out of memory\n");
+        return 1;
+    }
     g_srv.eng = eng;
     g_srv.spec = spec;
     g_srv.info = df_engine_info(eng);
@@ -434,5 +441,7 @@ int srv_run(const srv_config *cfg, df_engine *eng, df_spec *spec) {
     }
     pthread_cond_destroy(&g_srv.work_cv);
     pthread_mutex_destroy(&g_srv.mu);
+    free(g_srv.active);
+    free(g_srv.step_hist);
     return rc;
 }

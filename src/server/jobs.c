@@ -1,8 +1,10 @@
 /*
  * server/jobs.c - the server's requests from queue to last byte: the bounded
- * queue, the one model worker and its session, prompt-prefix reuse (through
- * df_generate), stop strings, OpenAI penalties and SSE framing of the output.
- * See internal.h for the threads.
+ * queue, a request slot (its session, prompt-prefix reuse through
+ * df_generate or df_batchgen), stop strings, OpenAI penalties and SSE
+ * framing of the output; the worker, which runs one generation at a time
+ * with --parallel 1 (speculative decoding included) and hands over to
+ * batch.c otherwise. See internal.h for the threads.
  */
 #include "server/internal.h"
 
@@ -36,14 +38,9 @@ bool srv_reserve(char **buf, size_t *cap, size_t len, size_t add) {
     return true;
 }
 
-/* ---- the worker ---------------------------------------------------------------- */
+/* ---- a request in a slot ------------------------------------------------------- */
 
-typedef struct worker {
-    df_session *sess;
-    int32_t *counts; /* scratch: per-token count among generated tokens (penalties) */
-    char *text;      /* generated text this request */
-    size_t text_len, text_cap;
-} worker;
+typedef srv_slot worker;
 
 static void job_fail(job *j, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -235,27 +232,14 @@ static void apply_penalties(const srv_request *r, int32_t *counts, float *logits
 
 /* The same penalties on every row speculative decoding looks at: the row's
  * history past the prompt is what would have been generated before it. */
-typedef struct penalty_ctx {
-    const srv_request *r;
-    int32_t *counts;
-    int n_prompt;
-} penalty_ctx;
-
 static void penalty_hook(void *user, float *logits, int vocab, const int32_t *history, int n_history) {
     (void)vocab;
-    penalty_ctx *pc = user;
-    if (n_history > pc->n_prompt)
-        apply_penalties(pc->r, pc->counts, logits, history + pc->n_prompt, n_history - pc->n_prompt);
+    srv_slot *s = user;
+    if (n_history > (int)s->n)
+        apply_penalties(&s->j->req, s->counts, logits, history + s->n, n_history - (int)s->n);
 }
 
-/* Generation state of one request. */
-typedef struct gen_state {
-    df_text_stream ts;
-    size_t emitted;
-    int produced;
-    bool stopped, failed;
-    const char *finish;
-} gen_state;
+typedef srv_gen gen_state;
 
 /* Takes one generated token: stop token, text, stop strings, streaming.
  * Returns false when generation ends with it. */
@@ -291,23 +275,15 @@ static bool take_token(worker *w, job *j, gen_state *g, int32_t t) {
     return true;
 }
 
-/* df_generate's callbacks for one request. */
-typedef struct job_ctx {
-    worker *w;
-    job *j;
-    gen_state *g;
-} job_ctx;
-
+/* The generation's callbacks for one request (user: its slot). */
 static int job_token(void *u, int32_t t) {
-    job_ctx *c = u;
-    return !take_token(c->w, c->j, c->g, t);
+    srv_slot *s = u;
+    return !take_token(s, s->j, &s->g, t);
 }
 
-static int job_gen_cancelled(void *u) { return job_cancelled(((job_ctx *)u)->j); }
+static int job_gen_cancelled(void *u) { return job_cancelled(((srv_slot *)u)->j); }
 
-/* The request's prompt ids and max_new, checked against the context; NULL
- * when the job failed. */
-static int32_t *job_prompt(job *j, size_t *n_out, int *max_new_out) {
+int32_t *srv_job_prompt(job *j, size_t *n_out, int *max_new_out) {
     const srv_request *r = &j->req;
     const char *pparam = r->kind == SRV_CHAT ? "messages" : "prompt";
     int ctx = g_srv.cfg.ctx;
@@ -417,16 +393,12 @@ static void job_finish(worker *w, job *j, gen_state *g, const df_generate_result
     pthread_mutex_unlock(&g_srv.mu);
 }
 
-static void run_job(worker *w, job *j) {
+bool srv_job_begin(srv_slot *s, job *j, int32_t *ids, size_t n, int max_new) {
     const srv_request *r = &j->req;
-    size_t n;
-    int max_new;
-    int32_t *ids = job_prompt(j, &n, &max_new);
-    if (!ids) return;
     df_sampler *smp = job_sampler(j);
     if (!smp) {
         free(ids);
-        return;
+        return false;
     }
     pthread_mutex_lock(&g_srv.mu);
     j->state = J_STARTED;
@@ -434,48 +406,107 @@ static void run_job(worker *w, job *j) {
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&g_srv.mu);
     if (r->stream && r->kind == SRV_CHAT) push_chunk(j, "", 0, NULL, true);
+    s->j = j;
+    s->ids = ids;
+    s->n = n;
+    s->smp = smp;
+    s->g = (gen_state){.finish = "length"};
+    s->text_len = 0;
+    /* Prompt-prefix reuse: the generation keeps the rows the session holds
+     * that the new prompt starts with (always evaluating at least its last
+     * token: with --draft too, the first token is drawn from its logits), and
+     * with --prompt-cache restores a longer cached prefix (from the RAM tier,
+     * or from disk), storing the new states as it goes. */
+    s->go = (df_generate_opts){.sampler = smp, .spec = g_srv.spec, .max_new = max_new,
+                               .prefill_chunk = PREFILL_CHUNK, .reuse_prefix = 1, .on_token = job_token,
+                               .cancelled = job_gen_cancelled, .user = s};
+    if (r->presence_penalty != 0 || r->frequency_penalty != 0) s->go.logits_hook = penalty_hook, s->go.hook_user = s;
+    return true;
+}
 
-    /* Prompt-prefix reuse: df_generate keeps the rows the session holds that
-     * the new prompt starts with (always evaluating at least its last token:
-     * with --draft too, the first token is drawn from its logits), and with
-     * --prompt-cache restores a longer cached prefix (from the RAM tier, or
-     * from disk), storing the new states as it goes. */
-    gen_state g = {.finish = "length"};
-    w->text_len = 0;
-    penalty_ctx pc = {r, w->counts, (int)n};
-    job_ctx jc = {w, j, &g};
-    df_generate_opts go = {.sampler = smp, .spec = g_srv.spec, .max_new = max_new, .prefill_chunk = PREFILL_CHUNK,
-                           .reuse_prefix = 1, .on_token = job_token, .cancelled = job_gen_cancelled, .user = &jc};
-    if (r->presence_penalty != 0 || r->frequency_penalty != 0) go.logits_hook = penalty_hook, go.hook_user = &pc;
-    df_generate_result gr = {0};
-    df_error err;
-    if (df_generate(w->sess, ids, (int)n, &go, &gr, &err)) {
-        g.failed = true;
-        job_fail(j, 500, NULL, "%s", err.msg);
+void srv_job_end(srv_slot *s, const df_generate_result *gr, int status, const df_error *err) {
+    job *j = s->j;
+    if (status) {
+        s->g.failed = true;
+        job_fail(j, 500, NULL, "%s", err ? err->msg : "generation failed");
     }
     pthread_mutex_lock(&g_srv.mu);
-    g_srv.reused_tokens += (uint64_t)(gr.prompt_reused - gr.prompt_cached);
-    g_srv.cached_tokens += (uint64_t)gr.prompt_reused;
-    g_srv.prompt_tokens += n;
+    g_srv.reused_tokens += (uint64_t)(gr->prompt_reused - gr->prompt_cached);
+    g_srv.cached_tokens += (uint64_t)gr->prompt_reused;
+    g_srv.prompt_tokens += s->n;
     pthread_mutex_unlock(&g_srv.mu);
-    job_finish(w, j, &g, &gr, n);
-    df_sampler_free(smp);
-    free(ids);
+    job_finish(s, j, &s->g, gr, s->n);
+    df_sampler_free(s->smp);
+    free(s->ids);
+    s->smp = NULL;
+    s->ids = NULL;
+    s->j = NULL;
+}
+
+/* The batch metrics with --parallel 1: the prompt is one step of its rows,
+ * a decode step one of the tokens it produced. */
+static void count_step(int rows) {
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.steps++;
+    g_srv.step_hist[1]++;
+    g_srv.step_rows += (uint64_t)rows;
+    pthread_mutex_unlock(&g_srv.mu);
+}
+
+static void on_prefill(void *u, int rows, double s) {
+    (void)u, (void)s;
+    count_step(rows);
+}
+
+static void on_step(void *u, int tokens, double s) {
+    (void)u, (void)s;
+    count_step(tokens);
+}
+
+/* --parallel 1: one generation at a time through df_generate (with the
+ * drafter, if any). */
+static void run_job(srv_slot *s, job *j) {
+    size_t n;
+    int max_new;
+    int32_t *ids = srv_job_prompt(j, &n, &max_new);
+    if (!ids || !srv_job_begin(s, j, ids, n, max_new)) return;
+    s->go.on_prefill = on_prefill;
+    s->go.on_step = on_step;
+    df_generate_result gr = {0};
+    df_error err;
+    int rc = df_generate(s->sess, s->ids, (int)n, &s->go, &gr, &err);
+    srv_job_end(s, &gr, rc, &err);
+}
+
+bool srv_slot_init(srv_slot *s) {
+    df_error err;
+    memset(s, 0, sizeof *s);
+    if (df_session_new(&s->sess, g_srv.eng, g_srv.cfg.ctx, &err)) {
+        fprintf(stderr, "deltafin: %s\n", err.msg);
+        return false;
+    }
+    s->counts = calloc((size_t)g_srv.info->vocab_size, sizeof(int32_t));
+    if (!s->counts) {
+        fprintf(stderr, "deltafin: out of memory\n");
+        return false;
+    }
+    return true;
+}
+
+void srv_slot_free(srv_slot *s) {
+    df_session_free(s->sess);
+    free(s->counts);
+    free(s->text);
 }
 
 void *srv_worker_main(void *arg) {
     (void)arg;
-    worker w = {0};
-    df_error err;
-    if (df_session_new(&w.sess, g_srv.eng, g_srv.cfg.ctx, &err)) {
-        fprintf(stderr, "deltafin: %s\n", err.msg);
-        exit(1);
+    if (g_srv.cfg.parallel > 1) {
+        srv_batch_worker();
+        return NULL;
     }
-    w.counts = calloc((size_t)g_srv.info->vocab_size, sizeof(int32_t));
-    if (!w.counts) {
-        fprintf(stderr, "deltafin: out of memory\n");
-        exit(1);
-    }
+    srv_slot w;
+    if (!srv_slot_init(&w)) exit(1);
     pthread_mutex_lock(&g_srv.mu);
     for (;;) {
         while (!g_srv.head && !g_srv.stopping) pthread_cond_wait(&g_srv.work_cv, &g_srv.mu);
@@ -485,19 +516,18 @@ void *srv_worker_main(void *arg) {
         if (!g_srv.head) g_srv.tail = NULL;
         g_srv.n_waiting--;
         j->state = J_RUNNING;
-        g_srv.running = true;
-        g_srv.current = j;
+        g_srv.n_active = 1;
+        g_srv.active[0] = j;
+        if (g_srv.max_active < 1) g_srv.max_active = 1;
         pthread_mutex_unlock(&g_srv.mu);
         run_job(&w, j);
         pthread_mutex_lock(&g_srv.mu);
-        g_srv.running = false;
-        g_srv.current = NULL;
+        g_srv.n_active = 0;
+        g_srv.active[0] = NULL;
         srv_job_release(j);
     }
     pthread_mutex_unlock(&g_srv.mu);
-    df_session_free(w.sess);
-    free(w.counts);
-    free(w.text);
+    srv_slot_free(&w);
     return NULL;
 }
 
@@ -538,16 +568,24 @@ void srv_stop_requests(void) {
     pthread_mutex_lock(&g_srv.mu);
     g_srv.stopping = true;
     for (job *j = g_srv.head; j; j = j->next) atomic_store(&j->cancel, true);
-    /* the running one too: it is off the queue, and a long generation would
-     * otherwise hold the process up to its max_tokens */
-    if (g_srv.current) atomic_store(&g_srv.current->cancel, true);
+    /* the running ones too: they are off the queue, and a long generation
+     * would otherwise hold the process up to its max_tokens */
+    srv_cancel_active();
     pthread_cond_broadcast(&g_srv.work_cv);
     pthread_mutex_unlock(&g_srv.mu);
 }
 
 
+void srv_cancel_active(void) {
+    if (!g_srv.active) return;
+    for (int i = 0; i < g_srv.cfg.parallel; i++)
+        if (g_srv.active[i]) atomic_store(&g_srv.active[i]->cancel, true);
+}
+
+/* Room: --queue waiting, and as many again as slots are free (the worker
+ * takes queued jobs into free slots between steps). */
 bool srv_enqueue(job *j) {
-    if (g_srv.n_waiting >= g_srv.cfg.queue && (g_srv.running || g_srv.head)) return false;
+    if (g_srv.n_waiting >= g_srv.cfg.queue + (g_srv.cfg.parallel - g_srv.n_active)) return false;
     if (g_srv.tail) g_srv.tail->next = j;
     else g_srv.head = j;
     g_srv.tail = j;

@@ -1,7 +1,7 @@
 /*
  * server/metrics.c - the server's counters (requests by endpoint and status,
  * tokens, prefix reuse, the prompt cache, cancellations, the engine's and the drafter's
- * statistics as of the last generation, the listener's closes) and their
+ * statistics as of the last generation, the batch's occupancy, the listener's closes) and their
  * Prometheus text for GET /metrics.
  */
 #include "server/internal.h"
@@ -44,6 +44,33 @@ static void pcache_metrics(FILE *f) {
             (unsigned long long)s->pcache_ram_bytes, s->pcache_writes_off);
 }
 
+/* The batch (under mu): requests in it now, the most seen, and the steps by
+ * how many requests they held (a histogram: le = 1, 2, ... parallel), with
+ * their rows. With --parallel 1 a step is one generation's evaluation. */
+static void batch_metrics(FILE *f) {
+    int n = g_srv.cfg.parallel;
+    fprintf(f, "# HELP deltafin_batch_parallel Requests the server decodes together (--parallel).\n"
+               "# TYPE deltafin_batch_parallel gauge\ndeltafin_batch_parallel %d\n"
+               "# HELP deltafin_batch_active Requests being generated now.\n"
+               "# TYPE deltafin_batch_active gauge\ndeltafin_batch_active %d\n"
+               "# HELP deltafin_batch_active_max The most requests generated together so far.\n"
+               "# TYPE deltafin_batch_active_max gauge\ndeltafin_batch_active_max %d\n"
+               "# HELP deltafin_batch_rows_total Rows (prompt and decode) the batch's steps evaluated.\n"
+               "# TYPE deltafin_batch_rows_total counter\ndeltafin_batch_rows_total %llu\n"
+               "# HELP deltafin_batch_requests_per_step Requests in each step of the batch.\n"
+               "# TYPE deltafin_batch_requests_per_step histogram\n",
+            n, g_srv.n_active, g_srv.max_active, (unsigned long long)g_srv.step_rows);
+    uint64_t cum = 0, sum = 0;
+    for (int k = 1; k <= n; k++) {
+        cum += g_srv.step_hist[k];
+        sum += (uint64_t)k * g_srv.step_hist[k];
+        fprintf(f, "deltafin_batch_requests_per_step_bucket{le=\"%d\"} %llu\n", k, (unsigned long long)cum);
+    }
+    fprintf(f, "deltafin_batch_requests_per_step_bucket{le=\"+Inf\"} %llu\n"
+               "deltafin_batch_requests_per_step_sum %llu\ndeltafin_batch_requests_per_step_count %llu\n",
+            (unsigned long long)cum, (unsigned long long)sum, (unsigned long long)g_srv.steps);
+}
+
 char *srv_metrics_text(size_t *len) {
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
@@ -73,9 +100,9 @@ char *srv_metrics_text(size_t *len) {
             "# TYPE deltafin_requests_cancelled_total counter\ndeltafin_requests_cancelled_total %llu\n"
             "# HELP deltafin_requests_rejected_total Requests refused with 429 (queue full).\n"
             "# TYPE deltafin_requests_rejected_total counter\ndeltafin_requests_rejected_total %llu\n"
-            "# HELP deltafin_queue_length Requests waiting behind the running one.\n"
+            "# HELP deltafin_queue_length Requests waiting for a slot in the batch.\n"
             "# TYPE deltafin_queue_length gauge\ndeltafin_queue_length %d\n"
-            "# HELP deltafin_busy Whether a generation is running.\n# TYPE deltafin_busy gauge\ndeltafin_busy %d\n"
+            "# HELP deltafin_busy Whether a generation is running (deltafin_batch_active > 0).\n# TYPE deltafin_busy gauge\ndeltafin_busy %d\n"
             "# HELP deltafin_expert_cache_hits_total Expert cache hits.\n"
             "# TYPE deltafin_expert_cache_hits_total counter\ndeltafin_expert_cache_hits_total %llu\n"
             "# HELP deltafin_expert_cache_misses_total Expert cache misses.\n"
@@ -84,7 +111,7 @@ char *srv_metrics_text(size_t *len) {
             "# TYPE deltafin_expert_bytes_read_total counter\ndeltafin_expert_bytes_read_total %llu\n",
             (unsigned long long)g_srv.gen_tokens, (unsigned long long)g_srv.prompt_tokens,
             (unsigned long long)g_srv.reused_tokens, (unsigned long long)g_srv.cached_tokens, g_srv.last_tps, (unsigned long long)g_srv.cancelled,
-            (unsigned long long)g_srv.rejected_full, g_srv.n_waiting, g_srv.running ? 1 : 0,
+            (unsigned long long)g_srv.rejected_full, g_srv.n_waiting, g_srv.n_active > 0,
             (unsigned long long)g_srv.stats.expert_hits, (unsigned long long)g_srv.stats.expert_misses,
             (unsigned long long)g_srv.stats.expert_bytes_read);
     if (g_srv.spec)
@@ -100,6 +127,7 @@ char *srv_metrics_text(size_t *len) {
                 (unsigned long long)g_srv.spec_stats.drafted, (unsigned long long)g_srv.spec_stats.accepted,
                 (unsigned long long)g_srv.spec_stats.verify_passes, g_srv.spec_stats.depth);
     pcache_metrics(f);
+    batch_metrics(f);
     pthread_mutex_unlock(&g_srv.mu);
     srv_listener_stats ls;
     srv_listener_stats_get(g_srv.listener, &ls);

@@ -22,7 +22,8 @@ typedef struct srv_config {
     int port;
     const char *api_key;         /* NULL: none required */
     uint64_t max_body;           /* largest request body */
-    int queue;                   /* requests that may wait behind the running one */
+    int parallel;                /* requests decoded together (1: one at a time, with spec) */
+    int queue;                   /* requests that may wait behind the running ones */
     int request_timeout;         /* seconds a request has to arrive whole */
     int max_per_ip;              /* connections one address may hold */
     int ctx;                     /* the session's context */
