@@ -61,7 +61,10 @@ def load(path):
         o = json.loads(line)
         key = o["custom_id"] if o["custom_id"] is not None else o["id"]
         if key in out: sys.exit(f"line {n}: {key} twice")
-        if o.get("response") and "body" in o["response"]: o["response"]["body"].pop("created", None)
+        if o.get("response") and "body" in o["response"]:
+            o["response"]["body"].pop("created", None)
+            # what was reused depends on which jobs shared a session before: not part of the answer
+            o["response"]["body"].get("usage", {}).pop("prompt_tokens_details", None)
         out[key] = o
     return out
 got = load(sys.argv[1])
@@ -109,6 +112,19 @@ if run --output "$T/p1.jsonl" --parallel 1 2>"$T/err" && $PY "$T/check.py" "$T/p
     ok batch-parallel-1-vs-4
 else
     bad batch-parallel-1-vs-4 "$(tail -3 "$T/err")"
+fi
+
+# the prompt cache: a second run in a new process restores the prompts the first
+# stored (usage's cached_tokens) and answers the same
+PC_CACHED='import json,sys; print(sum(json.loads(l)["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for l in open(sys.argv[1]) if json.loads(l).get("response") and json.loads(l)["response"]["status_code"] == 200))'
+if run --output "$T/pc1.jsonl" --parallel 4 --prompt-cache "$T/pc" 2>"$T/err" \
+   && run --output "$T/pc2.jsonl" --parallel 4 --prompt-cache "$T/pc" 2>>"$T/err" \
+   && $PY "$T/check.py" "$T/pc2.jsonl" "$T/ref.jsonl" && $PY "$T/check.py" "$T/pc1.jsonl" "$T/ref.jsonl" \
+   && [ "$($PY -c "$PC_CACHED" "$T/pc2.jsonl")" -gt "$($PY -c "$PC_CACHED" "$T/pc1.jsonl")" ] \
+   && ls "$T/pc"/*.dfpc >/dev/null 2>&1; then
+    ok batch-prompt-cache
+else
+    bad batch-prompt-cache "cached $($PY -c "$PC_CACHED" "$T/pc1.jsonl" 2>&1) then $($PY -c "$PC_CACHED" "$T/pc2.jsonl" 2>&1): $(tail -3 "$T/err")"
 fi
 
 # started again on a finished output: nothing to do, nothing written

@@ -39,6 +39,7 @@ typedef struct slot {
     df_sampler *smp;
     int32_t *ids;
     int n_prompt;
+    int cached; /* prompt tokens the session held or the prompt cache restored */
     char *text;
     size_t len, cap;
     df_text_stream ts;
@@ -138,10 +139,11 @@ static json_t *response_body(const slot *q, const char *finish) {
                          q->text ? q->text : "", q->len, "logprobs", "finish_reason", finish)
              : json_pack("{s:s%,s:i,s:n,s:s}", "text", q->text ? q->text : "", q->len, "index", 0, "logprobs",
                          "finish_reason", finish);
-    return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:{s:i,s:i,s:i}}", "id", id, "object",
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:{s:i,s:i,s:i,s:{s:i}}}", "id", id, "object",
                      chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
                      r->model_id, "choices", choice, "usage", "prompt_tokens", q->n_prompt, "completion_tokens",
-                     q->produced, "total_tokens", q->n_prompt + q->produced);
+                     q->produced, "total_tokens", q->n_prompt + q->produced, "prompt_tokens_details",
+                     "cached_tokens", q->cached);
 }
 
 static void release(slot *q) {
@@ -169,6 +171,7 @@ static void on_done(void *u, const df_generate_result *res, int status, const df
         append(q, buf, df_text_stream_flush(&q->ts, buf, sizeof buf));
         q->stopped = q->len > before && cut_stop(q, 0);
     }
+    q->cached = res->prompt_reused;
     const char *finish = res->finish == DF_FINISH_STOP || q->stopped ? "stop" : "length";
     batch_write_result(r->fd, q->job, 200, response_body(q, finish), NULL);
     r->finished++;
