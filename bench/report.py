@@ -86,6 +86,10 @@ def derive(r):
                            if mbw and r.get("active_bytes_per_token") else None),
         "prefill_tokens_per_s": r["prompt_tokens"] / r["prefill_s"] if r.get("prefill_s") else None,
         "draft_acceptance": r.get("draft_acceptance"),
+        # the concurrency section (deltafin bench --parallel N): tokens_per_s is the
+        # aggregate of N sequences; expert bytes read per decoded token
+        "tokens_per_s_per_seq": r.get("tokens_per_s_per_seq"),
+        "expert_bytes_per_token": r.get("expert_bytes_per_token"),
         # where a decoded token's time went (df_stats' blocks); other: the rest of
         # the token's wall time (the remainder of the evaluation, sampling)
         **({"kda_ms": r["kda_s"] / n * 1e3, "attn_ms": r["attn_s"] / n * 1e3, "ffn_ms": r["ffn_s"] / n * 1e3,
@@ -300,6 +304,52 @@ if k3:
                   f"{m(d, 'read_s', '{:.2f}')} | {m(d, 'in_ram_s', '{:.2f}')} | {m(d, 'bound_s', '{:.2f}')} | "
                   f"{m(d, 'over_bound', '{:.2f}')} | {m(d, 'read_wait_s', '{:.2f}')} |")
     md.append("")
+def concurrency_md():
+    """Issue 24's table: per routing (own: the demo model's routers; replay: the
+    replay model, each sequence its own stretch of the trace) and cache budget,
+    aggregate and per-sequence tok/s and expert MB read per decoded token at N
+    sequences, the aggregate over one sequence's (medians); the target (replay
+    at 10 %: 4 sequences >= 2x one); then deltafin batch's runs."""
+    es = [e for e in results if e["section"] == "concurrency"]
+    bt = [r for r in rows if r.get("section") == "concurrency" and r.get("event") == "batch"]
+    if not es and not bt:
+        return []
+    out = ["## concurrency (N sequences decoded together, experts streamed from a pack, cold; issue 24)", "",
+           "own: the demo model's routing; replay: the replay model, each sequence replaying its own stretch "
+           "of the trace. Aggregate tok/s: all sequences' decoded tokens over the decode's wall time.", "",
+           "| routing | budget | sequences | aggregate tok/s | per sequence tok/s | expert MB/token | hit rate "
+           "| aggregate / 1 sequence |", "|---|---|---|---|---|---|---|---|"]
+    def key(e):
+        kind, _, p = e["arm"].rpartition("-p")
+        return (kind, e["budget_pct"], int(p))
+    base = {}
+    for e in sorted(es, key=key):
+        kind, pct, p = key(e)
+        tps = e["tokens_per_s"]["median"] if e.get("tokens_per_s") else None
+        if p == 1:
+            base[(kind, pct)] = tps
+        b = base.get((kind, pct))
+        e["speedup"] = tps / b if tps and b else None
+        out.append(f"| {kind} | {pct}% | {p} | {m(e, 'tokens_per_s')} | {m(e, 'tokens_per_s_per_seq')} | "
+                   f"{m(e, 'expert_bytes_per_token', '{:.3f}', 1e-6)} | {m(e, 'hit_rate', '{:.3f}')} | "
+                   + (f"{e['speedup']:.2f}x |" if e["speedup"] else "- |"))
+    t = [e for e in es if key(e)[:3] == ("replay", 10, 4) and e.get("speedup")]
+    if t:
+        s = t[0]["speedup"]
+        out += ["", f"- target (replay model at 10 %: 4 sequences' aggregate >= 2x one sequence's): "
+                f"{s:.2f}x, {'met' if s >= 2 else 'NOT met'}"]
+    if bt:
+        out += ["", "deltafin batch (the model's own routing; tokens generated, greedy, a job may stop early):", "",
+                "| model | budget | jobs (answered) | --parallel | tokens | aggregate tok/s | per sequence tok/s "
+                "| expert MB/token |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(bt, key=lambda r: (r["parallel"], r["rep"])):
+            out.append(f"| {r['model']} | {r['budget_pct']}% | {r['jobs']} ({r['jobs_ok']}) | {r['parallel']} | "
+                       f"{r['tokens']} | {r['tokens_per_s']:.3f} | {r['tokens_per_s_per_seq']:.3f} | "
+                       f"{r['expert_bytes_per_token'] / 1e6:.3f} |")
+    return out + [""]
+
+
+md += concurrency_md()
 BOUND_NOTE = {
     "bound": "the sweep model",
     "bound-replay": "the replay model, routing replayed from a real trace",

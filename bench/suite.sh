@@ -56,6 +56,18 @@
 #          RAM (goal <= 1.3x); the KDA state per sequence; the per-token split of the time
 #          (KDA, MLA, MoE spine, experts, waiting on reads, other). Scaled down for a
 #          try-out: K3_BENCH_GIB=0.3 K3_HIDDEN=1024 K3_VOCAB=32768 (see docs/benchmarks.md).
+#  concurrency  N sequences decoded together (issue 24: `deltafin bench --parallel N`, one
+#          df_eval_multi per step over one row of each sequence, each its own random
+#          prompt and teacher-forced tokens) at CONC_PAR (1 2 4 8), experts streamed from
+#          a pack at CONC_FRACS (10 25) % cache, cold: aggregate and per-sequence
+#          tokens/s and expert bytes read per decoded token, on the demo model
+#          (its own routing) and on the replay section's model (each sequence
+#          replaying its own stretch of the trace). Then `deltafin batch` on
+#          CONC_JOBS (64) completion jobs of CONC_JOB_TOKENS (32) tokens each at
+#          --parallel CONC_BATCH_PAR (1 8) on the demo model at the first of
+#          CONC_FRACS: jobs, aggregate tokens/s and expert bytes per token from its
+#          summary. Scaled down for a try-out: CONC_NEW=8 CONC_JOBS=8 and a small
+#          replay model (RR_HIDDEN=256 RR_MOE_I=64; see docs/benchmarks.md).
 #
 # Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
 # COLD (1: drop caches before every arm), HOLD (1: in sweep and replay, every
@@ -65,7 +77,8 @@
 # itself leaves HOLD_RESERVE_MIB (64) for the rest of the system. It locks most
 # of the machine's memory, so it is off in --quick, which is meant for a shared
 # machine; HOLD_MAX caps what it locks, for trying it out), RESULTS_DIR, SECTIONS
-# ("core deepseek formats sweep replay bound k3 demo"), CORE_REPS, DS_REPS (CORE_REPS), DS_NEW (32),
+# ("core deepseek formats sweep replay bound k3 concurrency demo"), CONC_PAR, CONC_FRACS, CONC_REPS (REPS),
+# CONC_PROMPT (16), CONC_NEW (128), CONC_JOBS, CONC_JOB_TOKENS, CONC_BATCH_PAR, CORE_REPS, DS_REPS (CORE_REPS), DS_NEW (32),
 # DS_CTX (4096), DS_PROMPT (512), SIM_GBS (0.6), BOUND_NEW (128),
 # BOUND_PROMPT (16), BOUND_FRACS ("5 10 25"), BOUND_CORE_FRACS ("10"), K3_BENCH_GIB (3.5),
 # K3_HIDDEN (2048), K3_VOCAB (163840), K3_KDA_HEADS (16, also MLA's), K3_MOE_I (from
@@ -97,7 +110,7 @@ COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
-SECTIONS=${SECTIONS:-$(q "sweep replay bound demo" "core deepseek formats sweep replay bound k3 demo")} # core, deepseek, formats, k3: 5-10 GB models
+SECTIONS=${SECTIONS:-$(q "sweep replay bound concurrency demo" "core deepseek formats sweep replay bound k3 concurrency demo")} # core, deepseek, formats, k3: 5-10 GB models
 SIM_GBS=${SIM_GBS:-0.6}
 BOUND_NEW=${BOUND_NEW:-$(q 32 128)}
 BOUND_PROMPT=${BOUND_PROMPT:-16}
@@ -116,6 +129,14 @@ K3_REPS=${K3_REPS:-$REPS}
 K3_PROMPT=${K3_PROMPT:-16}
 K3_NEW=${K3_NEW:-$(q 32 128)}
 K3_PREFILL=${K3_PREFILL:-512}
+CONC_PAR=${CONC_PAR:-"1 2 4 8"}
+CONC_FRACS=${CONC_FRACS:-"10 25"}
+CONC_REPS=${CONC_REPS:-$REPS}
+CONC_PROMPT=${CONC_PROMPT:-16}
+CONC_NEW=${CONC_NEW:-$(q 32 128)}
+CONC_JOBS=${CONC_JOBS:-64}
+CONC_JOB_TOKENS=${CONC_JOB_TOKENS:-32}
+CONC_BATCH_PAR=${CONC_BATCH_PAR:-"1 8"}
 # ../shared beside the checkout (a worktree's is one level further up)
 TRACE=${TRACE:-$(ls ../shared/traces/esft-deepseek-v2-lite/law.trace ../../shared/traces/esft-deepseek-v2-lite/law.trace 2>/dev/null | head -1 || true)}
 # Model shapes, the same in both modes (the models are made once): sweep experts
@@ -729,6 +750,96 @@ PYEOF
                 [[ $a == *-replay* ]] && fl+=(--replay-routing "$K3_TRACE")
                 if [[ $a == prefill-* ]]; then plen=$K3_PREFILL new=2; else plen=$K3_PROMPT new=$K3_NEW; fi
                 run_arm k3 "$a" "$KM" "$K3_FRAC" "$EB" "$DB" "$IOBW" "$rep" "$plen" "$new" "${fl[@]}"
+            done
+        done
+    fi
+fi
+
+# ---- concurrency: N sequences decoded together (issue 24) -----------------------------
+# Per repetition, per model and cache fraction, the arms own-pN / replay-pN for N in
+# CONC_PAR (order reversed on even repetitions), cold. The replay model is the replay
+# section's (made here when that section did not run). Then `deltafin batch`.
+if [[ " $SECTIONS " == *" concurrency "* ]]; then
+    CD=${DEMO_MODEL:-models/demo-moe}
+    CDP=$B/bench-models/$(basename "$CD")-pack
+    CM=()
+    if [ -f "$CD/config.json" ]; then
+        [ -f "$CDP/manifest.json" ] || { say "packing $CD"; "$ENG" pack --model "$CD" --out "$CDP" >>"$LOG"; }
+        CM+=("own|$CD|$CDP")
+    else
+        say "note: $CD absent: concurrency on the demo model skipped"
+    fi
+    if [ -n "$TRACE" ] && [ -f "$TRACE" ]; then
+        CR=$B/bench-models/replay-$(basename "$TRACE" .trace)-h$RR_HIDDEN-i$RR_MOE_I
+        if prepare "$CR" --match-trace "$TRACE" --hidden "$RR_HIDDEN" --intermediate $((RR_HIDDEN * 3)) \
+            --moe-intermediate "$RR_MOE_I"; then
+            pack "$CR"
+            CM+=("replay|$CR|$CR-pack")
+        fi
+    else
+        say "note: no trace at \$TRACE: concurrency on the replay model skipped"
+    fi
+    say ""
+    say "## concurrency: sequences ($CONC_PAR) decoded together, streamed at ($CONC_FRACS) %; prompt $CONC_PROMPT, decode $CONC_NEW each, teacher forced"
+    for rep in $(seq "$CONC_REPS"); do
+        PAR=$CONC_PAR
+        [ $((rep % 2)) = 0 ] && PAR=$(printf '%s\n' $CONC_PAR | tac | tr '\n' ' ')
+        for cm in "${CM[@]}"; do
+            IFS='|' read -r kind mdl pk <<<"$cm"
+            read -r EB DB < <(model_bytes "$mdl")
+            IOBW=$(measure_iobw "$mdl" "$pk")
+            echo "{\"section\":\"concurrency\",\"event\":\"iobw\",\"model\":\"$mdl\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
+            fl=(); [ "$kind" = replay ] && fl=(--replay-routing "$TRACE")
+            for frac in $CONC_FRACS; do
+                for p in $PAR; do
+                    run_arm concurrency "$kind-p$p" "$mdl" "$frac" "$EB" "$DB" "$IOBW" "$rep" "$CONC_PROMPT" "$CONC_NEW" \
+                        --experts "$pk" --policy deltafin --prefetch off --parallel "$p" "${fl[@]}"
+                done
+            done
+        done
+    done
+    # deltafin batch (a product command: the model's own routing) on CONC_JOBS jobs
+    if [ -f "$CD/config.json" ]; then
+        read -r EB DB < <(model_bytes "$CD")
+        frac=${CONC_FRACS%% *}
+        JOBS=$TMP/conc-jobs.jsonl
+        /usr/bin/python3 - "$CONC_JOBS" "$CONC_PROMPT" "$CONC_JOB_TOKENS" "$CD/config.json" >"$JOBS" <<'PYEOF'
+import json, random, sys
+n, plen, mt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+c = json.load(open(sys.argv[4])); c = c.get("text_config", c)
+rng = random.Random(24)
+for i in range(n):  # seeded random prompts; greedy, so a run is repeatable
+    body = {"model": "m", "prompt": [rng.randrange(c["vocab_size"]) for _ in range(plen)], "max_tokens": mt,
+            "temperature": 0}
+    print(json.dumps({"custom_id": "job-%d" % i, "method": "POST", "url": "/v1/completions", "body": body}))
+PYEOF
+        for rep in $(seq "$CONC_REPS"); do
+            for p in $CONC_BATCH_PAR; do
+                rm -f "$TMP/conc-out.jsonl"
+                drop
+                t_arm=$SECONDS
+                if "$ENG" batch --model "$CD" --experts "$CDP" --expert-cache $((EB * frac / 100)) --policy deltafin \
+                    --prefetch off --threads "$THREADS" --parallel "$p" --input "$JOBS" --output "$TMP/conc-out.jsonl" \
+                    2>"$TMP/conc-batch.err" >/dev/null; then
+                    /usr/bin/python3 - "$TMP/conc-batch.err" "$TMP/conc-out.jsonl" "$p" "$frac" "$rep" "$CD" >>"$ARMS" <<'PYEOF'
+import json, re, sys
+txt = open(sys.argv[1]).read()
+m = re.search(r"(\d+) tokens generated in ([0-9.]+) s: ([0-9.]+) tok/s", txt)
+x = re.search(r"([0-9.]+) MB per generated token", txt)
+lines = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+ok = sum(1 for l in lines if l.get("response") and l["response"].get("status_code") == 200)
+p = int(sys.argv[3])
+print(json.dumps({"section": "concurrency", "event": "batch", "arm": "batch-p%d" % p, "parallel": p,
+                  "budget_pct": int(sys.argv[4]), "rep": int(sys.argv[5]), "model": sys.argv[6], "jobs": len(lines),
+                  "jobs_ok": ok, "tokens": int(m.group(1)) if m else 0, "seconds": float(m.group(2)) if m else 0,
+                  "tokens_per_s": float(m.group(3)) if m else 0,
+                  "tokens_per_s_per_seq": (float(m.group(3)) / p) if m else 0,
+                  "expert_bytes_per_token": float(x.group(1)) * 1e6 if x else 0}))
+PYEOF
+                    say "concurrency batch --parallel $p ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print('%d jobs (%d answered), %d tokens, %.3f tok/s (%.3f per sequence), %.3f MB expert reads per token' % (d['jobs'], d['jobs_ok'], d['tokens'], d['tokens_per_s'], d['tokens_per_s_per_seq'], d['expert_bytes_per_token'] / 1e6))") [$((SECONDS - t_arm)) s]"
+                else
+                    say "concurrency batch --parallel $p rep $rep FAILED: $(tail -1 "$TMP/conc-batch.err")"
+                fi
             done
         done
     fi

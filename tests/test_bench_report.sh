@@ -4,7 +4,9 @@
 # token from the storage counter, the I/O bound from the repetition's measured
 # bandwidth, the time split, the page-cache hit rate and "held" marking, the
 # cache-sim column, the bound section's simulated disk, the k3 section's decode
-# bound and time split and its prefill bound; and that results.json,
+# bound and time split and its prefill bound, the concurrency section's
+# aggregate and per-sequence speed, its ratio to one sequence and the batch
+# lines; and that results.json,
 # results.md appear. Untimed (no
 # benchmark runs here). Ends with "N passed, N failed".
 set -u
@@ -75,6 +77,18 @@ for rep, ram, ttft in ((1, 10.0, 12.0), (2, 12.0, 15.0)):
                     prefill_expert_requests=1000, prefill_expert_misses=1000, prefill_read_wait_s=0.5))
 rows.append(arm("decode-own", 1, 2.0, 0, section="k3", decode_s=5.0, bytes_missed_per_token=100e6, kda_s=1.0,
                 attn_s=0.5, ffn_s=0.5, experts_s=1.0, read_wait_s=1.5, other_s=0.2))
+# the concurrency section (issue 24): aggregate tok/s of N sequences, its ratio to one
+# sequence's (medians over repetitions) and the target line; deltafin batch's runs
+for rep, t1, t4 in ((1, 2.0, 5.0), (2, 2.0, 3.0)):
+    rows.append(arm("replay-p1", rep, t1, 0, section="concurrency", parallel=1, tokens_per_s_per_seq=t1,
+                    expert_bytes_per_token=3e6))
+    rows.append(arm("replay-p4", rep, t4, 0, section="concurrency", parallel=4, tokens_per_s_per_seq=t4 / 4,
+                    expert_bytes_per_token=1.5e6))
+rows.append(arm("own-p1", 1, 10.0, 0, section="concurrency", budget_pct=25, parallel=1, tokens_per_s_per_seq=10.0,
+                expert_bytes_per_token=1e6))
+rows.append({"section": "concurrency", "event": "batch", "arm": "batch-p8", "parallel": 8, "budget_pct": 10, "rep": 1,
+             "model": "models/demo-moe", "jobs": 64, "jobs_ok": 64, "tokens": 2048, "seconds": 4.0,
+             "tokens_per_s": 512.0, "tokens_per_s_per_seq": 64.0, "expert_bytes_per_token": 250000.0})
 open(sys.argv[1], "w").write("\n".join(json.dumps(r) for r in rows) + "\n")
 PYEOF
 
@@ -161,6 +175,12 @@ grep -q "^- MLA share of a decode step at context 4096: 0.200 (0.100-0.200) .*0.
     grep -q "latent 18432 B (576 F32 values per layer); an expanded K/V cache 163840 B in F32, 81920 B in BF16" "$T/results.md" &&
     grep -q "^| resident-ctx16 | 20.00 (10.00-25.00) | 1000.0 | 40.0 (40.0-40.0) | 0.50 (0.25-0.62) |" "$T/results.md" \
     && ok deepseek-table || bad deepseek-table "$(grep -A12 '## deepseek' "$T/results.md")"
+grep -q "^| replay | 10% | 1 | 2.000 (2.000-2.000) | 2.000 (2.000-2.000) | 3.000 (3.000-3.000) | 0.300 (0.300-0.300) | 1.00x |" "$T/results.md" &&
+    grep -q "^| replay | 10% | 4 | 4.000 (3.000-5.000) | 1.000 (0.750-1.250) | 1.500 (1.500-1.500) | 0.300 (0.300-0.300) | 2.00x |" "$T/results.md" &&
+    grep -q "^| own | 25% | 1 | 10.000 | 10.000 | 1.000 | 0.300 | 1.00x |" "$T/results.md" &&
+    grep -q "^- target (replay model at 10 %: 4 sequences' aggregate >= 2x one sequence's): 2.00x, met" "$T/results.md" &&
+    grep -q "^| models/demo-moe | 10% | 64 (64) | 8 | 2048 | 512.000 | 64.000 | 0.250 |" "$T/results.md" \
+    && ok concurrency-table || bad concurrency-table "$(grep -A20 '## concurrency' "$T/results.md")"
 grep -q "pagecache (held)" "$T/results.md" && ok held-marked || bad held-marked "$(grep pagecache "$T/results.md")"
 
 # a repetition where memhog fell short is not "held"

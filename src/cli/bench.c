@@ -7,7 +7,9 @@
  *   deltafin bench [run options]   one benchmark arm (bench/suite.sh): by
  *                                  default a seeded 512-token random prompt,
  *                                  teacher-forced decode, no text, the
- *                                  summary as one JSON line on stdout
+ *                                  summary as one JSON line on stdout;
+ *                                  --parallel N: N sequences together
+ *                                  (bench_multi.c)
  *   deltafin bench run|logits|serve [options]   the command, plus the controls
  */
 #include "cli/cli.h"
@@ -92,7 +94,8 @@ static void dev_prefetch_report(FILE *ev, bool text, df_engine *e, const cli_sta
 static const cli_dev DEV = {.open = dev_open, .spec_ready = dev_spec_ready, .stats = dev_stats,
                             .prefetch_report = dev_prefetch_report};
 static const cli_dev ARM = {.open = dev_open, .spec_ready = dev_spec_ready, .stats = dev_stats,
-                            .prefetch_report = dev_prefetch_report, .arm = true};
+                            .prefetch_report = dev_prefetch_report, .replay_from = df_session_replay_from,
+                            .arm = true};
 
 /* ---- the commands ---------------------------------------------------------------- */
 
@@ -100,6 +103,11 @@ static const cli_dev ARM = {.open = dev_open, .spec_ready = dev_spec_ready, .sta
 
 static const cli_section RUN_CONTROLS[] = {
     {"benchmark and test controls", ENGINE_CONTROLS " --draft-fixed --teacher-force --random-prompt --prompt-seed"},
+    {0},
+};
+/* the arm alone: several sequences at once (bench_multi.c) */
+static const cli_section ARM_CONTROLS[] = {
+    {"benchmark and test controls", ENGINE_CONTROLS " --teacher-force --random-prompt --prompt-seed --parallel"},
     {0},
 };
 static const cli_section LOGITS_CONTROLS[] = {{"benchmark and test controls", ENGINE_CONTROLS}, {0}};
@@ -119,8 +127,10 @@ static const cli_cmd ARM_CMD = {
              "--events summary as one JSON line on stdout. `bench run`, `bench logits` and\n"
              "`bench serve` are those commands with the benchmark and test controls below\n"
              "(their output is the command's own; replayed routing is marked in --stats and\n"
-             "--events, and the server refuses it).\n",
-    .table = CLI_OPTS, .sections = {CLI_RUN_SECTIONS, RUN_CONTROLS}};
+             "--events, and the server refuses it). With --parallel N the arm decodes N\n"
+             "sequences together (each its own random prompt and teacher-forced tokens, one\n"
+             "row each per forward pass); its summary's tokens_per_s is their aggregate.\n",
+    .table = CLI_OPTS, .sections = {CLI_RUN_SECTIONS, ARM_CONTROLS}};
 
 static const cli_cmd RUN_CMD = {
     .usage = "usage: deltafin bench run --model DIR (--prompt TEXT | --prompt-tokens IDS |\n"
@@ -153,10 +163,14 @@ static int bench(const cli_cmd *cmd, int (*fn)(cli_args *, const cli_dev *), con
     return rc ? (rc == CLI_HELP ? 0 : rc) : fn(&a, dev);
 }
 
+static int arm(cli_args *a, const cli_dev *dev) {
+    return a->parallel ? cli_bench_parallel(a, dev) : cli_run(a, dev);
+}
+
 int cli_bench_main(int argc, char **argv) {
     const char *sub = argc > 0 ? argv[0] : "";
     if (!strcmp(sub, "run")) return bench(&RUN_CMD, cli_run, &DEV, argc - 1, argv + 1);
     if (!strcmp(sub, "logits")) return bench(&LOGITS_CMD, cli_logits, &DEV, argc - 1, argv + 1);
     if (!strcmp(sub, "serve")) return bench(&SERVE_CMD, cli_serve, &DEV, argc - 1, argv + 1);
-    return bench(&ARM_CMD, cli_run, &ARM, argc, argv);
+    return bench(&ARM_CMD, arm, &ARM, argc, argv);
 }

@@ -206,10 +206,11 @@ const cli_opt CLI_OPTS[] = {
      "jobs whose custom_id it already holds are skipped, so the same\n"
      "command started again finishes what an interrupted run left",
      cli_set_str, F(output), 0, 0},
-    {"--parallel", "N", "requests (serve) or jobs (batch) decoded together (1..64,\n"
-     "default 4; serve: 1 with --draft): their rows share each forward\n"
-     "pass, and each expert is read once for all of them; each has its\n"
-     "own session (--ram-budget counts N)", cli_set_int, F(parallel), 1, 64},
+    {"--parallel", "N", "requests (serve), jobs (batch) or sequences (bench)\n"
+     "decoded together (1..64, default 4; serve: 1 with --draft):\n"
+     "their rows share each forward pass, and each expert is read\n"
+     "once for all of them; each has its own session (--ram-budget\n"
+     "counts N)", cli_set_int, F(parallel), 1, 64},
     /* benchmark and test controls: `deltafin bench` only */
     {"--replay-routing", "TRACE", "MoE layers use the expert ids of the trace's next token\n"
      "(# moe-routing-trace v1; one trace token per evaluated row,\n"

@@ -113,6 +113,8 @@ typedef struct cli_dev {
     void (*stats)(const df_engine *e, cli_dev_stats *out);
     /* the per-layer prefetch report, in place of the product's */
     void (*prefetch_report)(FILE *ev, bool text, df_engine *e, const cli_stats *st);
+    /* routing replay: the session's rows replay the trace from this token on */
+    void (*replay_from)(df_session *s, uint64_t token);
     bool arm; /* the benchmark arm: no text, one JSON summary on stdout */
 } cli_dev;
 
@@ -150,5 +152,7 @@ int cli_batch_main(int argc, char **argv);
 int cli_run(cli_args *a, const cli_dev *dev);
 int cli_logits(cli_args *a, const cli_dev *dev);
 int cli_serve(cli_args *a, const cli_dev *dev);
+/* bench's arm with --parallel N (bench_multi.c) */
+int cli_bench_parallel(cli_args *a, const cli_dev *dev);
 
 #endif

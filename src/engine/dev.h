@@ -36,6 +36,14 @@ typedef struct df_engine_dev {
     double prefetch_min_precision;
 } df_engine_dev;
 
+/* Routing replay per sequence: the session's rows replay the trace from
+ * token `token` on, one trace token per row, whatever other sessions
+ * evaluate (without it every row, of any session, takes the engine's next
+ * trace token). Several sequences decoded together then each follow their
+ * own stretch of the trace, as unrelated requests would, rather than
+ * interleaving neighbouring tokens. */
+void df_session_replay_from(df_session *s, uint64_t token);
+
 /* df_engine_open with these controls (dev NULL: none, as df_engine_open). */
 int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err);
 

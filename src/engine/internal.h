@@ -73,6 +73,10 @@ struct df_session {
     int max_ctx;
     int32_t *tokens;      /* [max_ctx]: the first seq->pos are the tokens it holds */
     uint64_t replay_base; /* trace token of row 0 of the pass in progress */
+    /* df_session_replay_from: the trace token its next row uses, else the
+     * engine's shared counter (replay_next) */
+    bool replay_own;
+    uint64_t replay_next;
 };
 
 

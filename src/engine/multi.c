@@ -18,14 +18,15 @@ struct df_batcher {
     int max_rows, max_ctx;
     float *scratch;      /* logits of the pass's chosen rows */
     size_t scratch_rows;
-    uint64_t replay_base; /* routing replay: trace token of row 0 of the pass */
+    uint64_t *replay_tok; /* routing replay: [max_rows] trace token of each row of the pass */
 };
 
 /* Routing replay in a multi-sequence pass: row r uses the engine's next
- * trace token + r, as a session's pass does. */
+ * trace token + r, as a session's pass does, or its session's own next one
+ * (df_session_replay_from). */
 static void replay_route(void *user, int layer, int row, int *ids) {
     const df_batcher *b = user;
-    df_engine_replay_ids(b->eng, b->replay_base + (uint64_t)row, layer, ids);
+    df_engine_replay_ids(b->eng, b->replay_tok[row], layer, ids);
 }
 
 static void limits(const df_engine *e, int *rows, int *ctx) {
@@ -52,7 +53,10 @@ int df_batcher_new(df_batcher **out, df_engine *e, int max_rows, int max_context
     b->max_ctx = max_context;
     b->fwd = (df_fwd){.m = m, .pool = e->pool, .experts = e->experts, .max_rows = max_rows,
                       .max_ctx = max_context, .work = m->cfg.arch->work_new(m, max_rows, max_context)};
-    if (e->replay) b->fwd.route = replay_route, b->fwd.route_user = b;
+    if (e->replay) {
+        b->fwd.route = replay_route, b->fwd.route_user = b;
+        b->replay_tok = df_xmalloc(sizeof *b->replay_tok * (size_t)max_rows);
+    }
     *out = b;
     return DF_OK;
 }
@@ -61,6 +65,7 @@ void df_batcher_free(df_batcher *b) {
     if (!b) return;
     b->eng->model.cfg.arch->work_free(b->fwd.work);
     free(b->scratch);
+    free(b->replay_tok);
     free(b);
 }
 
@@ -118,7 +123,10 @@ static int pass(df_batcher *b, const df_eval_item *it, int n_items, const int *f
     }
     b->fwd.out_rows = out_rows;
     b->fwd.n_out = n_out;
-    b->replay_base = e->replay_next;
+    if (b->replay_tok)
+        for (int r = 0, shared = 0; r < T; r++) /* shared rows: the engine's counter, in row order */
+            b->replay_tok[r] = ses[r]->replay_own ? ses[r]->replay_next + (uint64_t)(pos[r] - ses[r]->seq->pos)
+                                                  : e->replay_next + (uint64_t)shared++;
     df_batch bt = {T, tok, pos, seq};
     int rc = df_forward(&b->fwd, &bt, n_out ? b->scratch : NULL, false, err);
     b->fwd.out_rows = NULL;
@@ -127,7 +135,10 @@ static int pass(df_batcher *b, const df_eval_item *it, int n_items, const int *f
     if (rc) return rc;
     for (int i = 0; i < n_out; i++) memcpy(dst[i], b->scratch + (size_t)i * (size_t)V, sizeof(float) * (size_t)V);
     for (int r = 0; r < T; r++) ses[r]->tokens[pos[r]] = tok[r];
-    e->replay_next += (uint64_t)T;
+    for (int r = 0; r < T; r++) {
+        if (ses[r]->replay_own) ses[r]->replay_next++;
+        else e->replay_next++;
+    }
     e->tokens += (uint64_t)T;
     return DF_OK;
 }

@@ -3,6 +3,7 @@
  * trace's tokens choose the experts of the rows evaluated, one trace token
  * per row, through the forward pass's routing hook.
  */
+#include "engine/dev.h"
 #include "engine/internal.h"
 
 #include <stdlib.h>
@@ -70,3 +71,8 @@ void df_engine_replay_ids(const df_engine *e, uint64_t token, int layer, int *id
 /* An --experts list names every directory: an empty one (or an empty list)
  * would otherwise be skipped, and a list with nothing in it run from the
  * safetensors without a word. */
+
+void df_session_replay_from(df_session *s, uint64_t token) {
+    s->replay_own = true;
+    s->replay_next = token;
+}

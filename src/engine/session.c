@@ -106,7 +106,7 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         if (logits && all_rows) lg = logits + (size_t)done * V;
         else if (logits && last) lg = logits;
         progress_ctx pc = {s, done, n};
-        s->replay_base = s->eng->replay_next;
+        s->replay_base = s->replay_own ? s->replay_next : s->eng->replay_next;
         for (int t = 0; t < T; t++) pos[t] = s->seq->pos + t, seq[t] = s->seq;
         df_batch b = {T, tokens + done, pos, seq};
         s->fwd.on_layer = s->progress ? on_layer : NULL;
@@ -118,7 +118,9 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
         if (rc) return rc;
         memcpy(s->tokens + pos[0], tokens + done, sizeof(int32_t) * (size_t)T);
         done += T;
-        s->eng->replay_next += (uint64_t)T; /* only once the rows are in: a retry replays the same */
+        /* only once the rows are in: a retry replays the same */
+        if (s->replay_own) s->replay_next += (uint64_t)T;
+        else s->eng->replay_next += (uint64_t)T;
         s->eng->tokens += (uint64_t)T;
     }
     s->eng->eval_s += df_now() - t0;
