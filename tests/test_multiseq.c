@@ -8,11 +8,15 @@
  * pack at a small cache, prefetch off and on, 1 and 2 threads; sessions
  * evaluated alone after a batch go on exactly. Experts shared by several
  * sequences are read once per pass: the bytes read for a batch are fewer than
- * the sum of the solo runs'. Bad items fail cleanly.
+ * the sum of the solo runs'. Bad items fail cleanly. Routing replay per
+ * session (df_session_replay_from, bench --parallel): a sequence replaying its
+ * own stretch of a trace gets the logits of its solo run whatever else is in
+ * the batch, including a session on the engine's shared trace counter.
  */
 #include "testutil.h"
 
 #include "deltafin.h"
+#include "engine/dev.h"
 #include "experts/pack.h"
 
 #include <stdio.h>
@@ -445,12 +449,85 @@ static void test_batchgen_refuses(void **state) {
     df_engine_close(e);
 }
 
+/* Routing replay per session on engine-moe (MoE layers 0 and 2, 8 experts,
+ * top-3): sequences 0 and 1 replay the trace from their own tokens, sequence
+ * 2 from the engine's shared counter; 0 and 1 match their solo runs bit for
+ * bit, and another start gives other logits (the replay is in effect). */
+#define RP_LEN 12
+static float *replay_solo(const char *trace, int i, uint64_t from, int V) {
+    df_engine_opts o = {.model_dir = MODELS[0].dir, .n_threads = 1};
+    df_engine_dev dev = {.replay_routing = trace};
+    df_engine *e;
+    df_session *s;
+    df_error err;
+    if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
+    assert_int_equal(df_session_new(&s, e, CTX, &err), DF_OK);
+    df_session_replay_from(s, from);
+    float *lg = malloc(sizeof(float) * (size_t)V * RP_LEN);
+    for (int t = 0; t < RP_LEN; t += 4) /* passes of 4 rows: the counter advances per pass */
+        if (df_session_eval(s, toks[i] + t, 4, lg + (size_t)t * V, 1, &err)) fail_msg("eval: %s", err.msg);
+    df_session_free(s);
+    df_engine_close(e);
+    return lg;
+}
+
+static void test_replay_per_session(void **state) {
+    (void)state;
+    char trace[300];
+    snprintf(trace, sizeof trace, "%s/rp.trace", tmp);
+    FILE *f = fopen(trace, "w");
+    assert_non_null(f);
+    fprintf(f, "# moe-routing-trace v1\n# moe_layers: 2  experts_per_layer: 8  top_k: 3\n");
+    for (int t = 0; t < 29; t++) /* distinct triples, so every start routes differently */
+        fprintf(f, "%d,%d,%d %d,%d,%d\n", t % 8, (t + 1 + t / 8) % 8, (t + 3 + t / 8 * 2) % 8, (t * 3) % 8,
+                (t * 3 + 2) % 8, (t * 3 + 5) % 8);
+    fclose(f);
+    int V = MODELS[0].V;
+    const uint64_t FROM[2] = {5, 17};
+    float *ref[2] = {replay_solo(trace, 0, FROM[0], V), replay_solo(trace, 1, FROM[1], V)};
+    float *other = replay_solo(trace, 0, FROM[0] + 1, V);
+    assert_true(memcmp(other, ref[0], sizeof(float) * (size_t)V * RP_LEN) != 0);
+    free(other);
+    df_engine_opts o = {.model_dir = MODELS[0].dir, .n_threads = 1};
+    df_engine_dev dev = {.replay_routing = trace};
+    df_engine *e;
+    df_batcher *b;
+    df_session *s[3];
+    df_error err;
+    if (df_engine_open_dev(&e, &o, &dev, &err)) fail_msg("open: %s", err.msg);
+    assert_int_equal(df_batcher_new(&b, e, 0, CTX, &err), DF_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(df_session_new(&s[i], e, CTX, &err), DF_OK);
+    df_session_replay_from(s[0], FROM[0]);
+    df_session_replay_from(s[1], FROM[1]);
+    float *lg[2] = {malloc(sizeof(float) * (size_t)V * RP_LEN), malloc(sizeof(float) * (size_t)V * RP_LEN)};
+    /* the shared sequence first in each pass, then prompts of 5 and 3 rows, then a row each */
+    for (int pos[2] = {0, 0}, step = 0; pos[0] < RP_LEN || pos[1] < RP_LEN; step++) {
+        df_eval_item it[3] = {{s[2], toks[2] + step, 1, NULL, 0}};
+        int n = 1;
+        for (int i = 0; i < 2; i++) {
+            int take = step == 0 ? (i ? 3 : 5) : 1;
+            if (pos[i] + take > RP_LEN) take = RP_LEN - pos[i];
+            if (take <= 0) continue;
+            it[n++] = (df_eval_item){s[i], toks[i] + pos[i], take, lg[i] + (size_t)pos[i] * V, 1};
+            pos[i] += take;
+        }
+        if (df_eval_multi(b, it, n, &err)) fail_msg("eval_multi: %s", err.msg);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_memory_equal(lg[i], ref[i], sizeof(float) * (size_t)V * RP_LEN);
+        free(lg[i]), free(ref[i]);
+    }
+    for (int i = 0; i < 3; i++) df_session_free(s[i]);
+    df_batcher_free(b);
+    df_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_deepseek), cmocka_unit_test(test_kimi_k3),
         cmocka_unit_test(test_union_read_once), cmocka_unit_test(test_bad_items),
         cmocka_unit_test(test_batchgen_qwen3_moe), cmocka_unit_test(test_batchgen_kimi_k3),
-        cmocka_unit_test(test_batchgen_refuses),
+        cmocka_unit_test(test_batchgen_refuses), cmocka_unit_test(test_replay_per_session),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

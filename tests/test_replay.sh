@@ -5,9 +5,10 @@
 # field; the experts a run uses are exactly the trace's (read back from the heat
 # histogram the store persists next to the pack, which counts every use); output
 # made this way is marked in --stats, --events and `deltafin bench`; the server
-# refuses the option. The same holds on a DeepSeek-V3 checkpoint (a dense first
-# layer, a grouped router the trace's ids need not respect). Ends with "N passed,
-# N failed".
+# refuses the option; `deltafin bench --parallel N` decodes N sequences with
+# replayed routing and sums them in its summary. The same holds on a
+# DeepSeek-V3 checkpoint (a dense first layer, a grouped router the trace's ids
+# need not respect). Ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 ENG=${1:-build/deltafin-san}
@@ -128,5 +129,24 @@ assert d["event"] == "summary" and d["routing"] == "replay", d
 assert d["prompt_tokens"] == 8 and d["decode_tokens"] == 3, d
 PYEOF
 then ok bench-json; else bad bench-json "$(cat "$T/bench.json" "$T/err" | tail -5)"; fi
+
+# `deltafin bench --parallel N`: N sequences decoded together, streamed; the summary
+# counts all of them (aggregate tok/s) and adds per-sequence speed and expert bytes
+# per decoded token; each sequence replays its own stretch of the trace.
+if [ -f "$T/pack/manifest.json" ] && "$ENG" bench --model "$M" --random-prompt 8 --max-new 4 --parallel 3 \
+    --experts "$T/pack" --expert-cache 100K --replay-routing "$T/good.trace" >"$T/bench3.json" 2>"$T/err" &&
+    $PY - "$T/bench3.json" <<'PYEOF'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, lines
+d = json.loads(lines[0])
+assert d["event"] == "summary" and d["routing"] == "replay", d
+assert d["parallel"] == 3 and d["steps"] == 3 and d["prompt_tokens"] == 24 and d["decode_tokens"] == 9, d
+assert abs(d["tokens_per_s_per_seq"] * 3 - d["tokens_per_s"]) < 1e-3 * d["tokens_per_s"], d
+assert d["expert_bytes_per_token"] > 0 and d["expert_misses"] > 0, d
+PYEOF
+then ok bench-parallel-json; else bad bench-parallel-json "$(cat "$T/bench3.json" "$T/err" | tail -5)"; fi
+expect_error bench-parallel-prompt "--parallel takes --random-prompt N" "$ENG" bench --model "$M" \
+    --prompt-tokens 1,2 --parallel 2
 
 finish
