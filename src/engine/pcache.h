@@ -60,6 +60,7 @@ typedef struct df_pc_blob {
     uint8_t *data;       /* the file's bytes */
     size_t size;
     uint8_t *payload;    /* inside data */
+    bool mapped;         /* data is the file mapped read-only (read), not malloc'ed (written) */
 } df_pc_blob;
 
 typedef struct df_pc_stats {

@@ -58,6 +58,8 @@ static int kv_save(const df_lstate *s, int at, int from, int to, void *dst) {
 static void kv_load(df_lstate *s, int from, int to, const void *src) {
     df_kv_state *kv = (df_kv_state *)s;
     size_t o = (size_t)from * (size_t)kv->kv_dim, n = sizeof(float) * (size_t)(to - from) * (size_t)kv->kv_dim;
+    df_prefault_overwrite(kv->k + o, n); /* rows never written yet: fresh pages */
+    df_prefault_overwrite(kv->v + o, n);
     memcpy(kv->k + o, src, n);
     memcpy(kv->v + o, (const char *)src + n, n);
 }
@@ -125,7 +127,9 @@ static int latent_save(const df_lstate *s, int at, int from, int to, void *dst) 
 
 static void latent_load(df_lstate *s, int from, int to, const void *src) {
     df_latent_state *l = (df_latent_state *)s;
-    memcpy(l->row + (size_t)from * (size_t)l->dim, src, sizeof(float) * (size_t)(to - from) * (size_t)l->dim);
+    size_t n = sizeof(float) * (size_t)(to - from) * (size_t)l->dim;
+    df_prefault_overwrite(l->row + (size_t)from * (size_t)l->dim, n); /* as kv_load */
+    memcpy(l->row + (size_t)from * (size_t)l->dim, src, n);
 }
 
 /* Positional like the KV cache: snapshot and rollback have nothing to do. */

@@ -298,6 +298,12 @@ void df_prefault_write(void *p, size_t n) {
     for (size_t o = 0; o < n; o += (size_t)pg) ((volatile char *)p)[o] = 0;
 }
 
+void df_prefault_overwrite(void *p, size_t n) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), e = ((uintptr_t)p + n) & ~(pg - 1);
+    if (e > a) df_prefault_write((void *)a, e - a); /* its fallback's zeros land inside [p, p + n) */
+}
+
 bool df_populate_read(const void *p, size_t n) {
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)p & ~(pg - 1);

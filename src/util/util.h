@@ -111,6 +111,11 @@ void df_advise_no_huge(void *p, size_t n);
 /* Faults [p, p + n) in for writing now (MADV_POPULATE_WRITE; older kernels:
  * a write to every page), so the first use pays no page faults. */
 void df_prefault_write(void *p, size_t n);
+/* For [p, p + n) about to be overwritten whole (p need not be aligned): faults
+ * in the whole pages inside it at once, the one or two partial pages at its
+ * ends being left to the write. A large copy into fresh memory otherwise pays
+ * one page fault per page, several times the copy itself. */
+void df_prefault_overwrite(void *p, size_t n);
 /* Maps the pages covering [p, p + n) in for reading (MADV_POPULATE_READ);
  * false when the kernel cannot. */
 bool df_populate_read(const void *p, size_t n);
