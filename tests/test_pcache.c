@@ -8,7 +8,7 @@
  * truncated and foreign files are refused and removed and the restore falls
  * back to a shorter prefix; the directory stays under its size; a failed write
  * (full disk) turns writing off without failing; the RAM tier serves a restore
- * with no file left.
+ * with no file left, and with its segments' files truncated in place.
  */
 #include "testutil.h"
 
@@ -398,12 +398,52 @@ static void test_ram_tier(void **st) {
     rm_dir(dir);
 }
 
+/* Segments read from files into the RAM tier are its own copies: after every
+ * file is truncated in place (as `cp` over it does), the tier still restores
+ * them (a file mapping kept there would fault with SIGBUS instead). */
+static void test_ram_tier_from_files(void **st) {
+    (void)st;
+    const char *m = model("engine-kimi-linear");
+    char *dir = new_dir();
+    int32_t p[NP], q[NQ];
+    prompts(p, q, NP - 1, 11);
+    int V;
+    float *ref = fresh(m, q, NQ, &V);
+    df_engine *e = open_eng(m, dir, 0, 0);
+    generate(e, p, NP, 2, NULL);
+    df_engine_close(e);
+    e = open_eng(m, dir, 0, 1 << 20);
+    assert_int_equal(restore_check(e, q, NQ, ref, V), NP - 1); /* from the files, kept in RAM */
+    df_stats s;
+    df_engine_stats(e, &s);
+    assert_true(s.pcache_bytes_read > 0);
+    assert_int_equal(s.pcache_ram_hits, 0);
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int cut = 0;
+    while ((de = readdir(d)))
+        if (de->d_name[0] == 'q') {
+            char *f = df_path_join(dir, de->d_name);
+            assert_int_equal(truncate(f, 0), 0);
+            cut++;
+            free(f);
+        }
+    closedir(d);
+    assert_int_equal(cut, 3);
+    assert_int_equal(restore_check(e, q, NQ, ref, V), NP - 1);
+    df_engine_stats(e, &s);
+    assert_int_equal(s.pcache_ram_hits, 2);
+    df_engine_close(e);
+    free(ref);
+    rm_dir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense),       cmocka_unit_test(test_moe),       cmocka_unit_test(test_deepseek),
         cmocka_unit_test(test_kimi_linear), cmocka_unit_test(test_k3),        cmocka_unit_test(test_check_can_fail),
         cmocka_unit_test(test_bad_files),   cmocka_unit_test(test_size_cap),  cmocka_unit_test(test_full_disk),
-        cmocka_unit_test(test_ram_tier),
+        cmocka_unit_test(test_ram_tier),    cmocka_unit_test(test_ram_tier_from_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -398,10 +398,12 @@ static const char *check_blob(const df_pcache *pc, df_pc_blob *b, int q, const d
 }
 
 /* Maps q's file whole, its pages put in at once (MAP_POPULATE: the page
- * cache's own pages, no copy and no fault per page; files are replaced by
- * rename, never rewritten in place, so the mapping keeps what was checked);
- * where it cannot be mapped, read into memory. NULL when it is missing or
- * cannot be read. */
+ * cache's own pages, no copy and no fault per page, where a read into fresh
+ * memory spent most of a restore in page faults); files are replaced by
+ * rename, never rewritten in place, so the mapping keeps what was checked
+ * (the RAM tier, which keeps blobs long, takes a copy: own_copy). Where it
+ * cannot be mapped, read into memory. NULL when it is missing or cannot be
+ * read. */
 static df_pc_blob *read_file(df_pcache *pc, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL; /* gone: evicted by another process */
@@ -425,6 +427,20 @@ static df_pc_blob *read_file(df_pcache *pc, const char *path) {
     return b;
 }
 
+/* A mapped blob the RAM tier is to keep becomes a copy of its own: the
+ * mapping would fault (SIGBUS) if the file were ever truncated in place
+ * (cp over it), which no deltafin process does but a person might, and the
+ * tier keeps blobs for as long as the server runs. */
+static void own_copy(df_pc_blob *b) {
+    if (!b->mapped) return;
+    uint8_t *d = df_xmalloc(b->size);
+    df_prefault_overwrite(d, b->size);
+    memcpy(d, b->data, b->size);
+    munmap(b->data, b->size);
+    b->payload = d + (b->payload - b->data);
+    b->data = d, b->mapped = false;
+}
+
 const df_pc_blob *df_pcache_get(df_pcache *pc, int q, const df_pc_key *key, const int32_t *ids,
                                 const df_seq_layer_desc *layout, int n_layers, uint64_t payload) {
     int i = ram_find(pc, q, key);
@@ -446,6 +462,7 @@ const df_pc_blob *df_pcache_get(df_pcache *pc, int q, const df_pc_key *key, cons
         b->payload = b->data + DF_PC_HEADER + (size_t)n_layers * LAYER_DESC + (size_t)q * 4;
     }
     free(path);
+    if (b && pc->ram_cap && b->size <= pc->ram_cap) own_copy(b);
     if (b && pc->ram_cap && ram_keep(pc, b)) {
         i = ram_find(pc, q, key);
         pc->ram[i].refs++;
