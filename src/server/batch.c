@@ -35,21 +35,30 @@ static void on_done(void *user, const df_generate_result *res, int status, const
     pthread_mutex_unlock(&g_srv.mu);
 }
 
-/* Of the free slots, the one whose session holds the longest prefix of the
- * prompt (df_batchgen evaluates at least its last token), else the least
- * recently used, so that other sessions keep their prompts for later. */
+/* Of the free slots, the one whose session holds the most useful prefix of
+ * the prompt (df_batchgen evaluates at least its last token): taking a slot
+ * reuses the k tokens it shares and throws away the rest it holds, so it
+ * scores 3k - held (what is kept counts more than what is lost, as a later
+ * turn of that slot's conversation may never come). Without a positive score,
+ * an empty slot, else the least recently used, so that other sessions keep
+ * their prompts for later. */
 static srv_slot *pick_slot(batch *b, const int32_t *ids, size_t n) {
-    srv_slot *best = NULL;
-    int best_len = -1;
+    srv_slot *best = NULL, *spare = NULL;
+    long best_score = 0;
     for (int i = 0; i < b->n; i++) {
         srv_slot *s = &b->slots[i];
         if (s->j) continue;
         const int32_t *held = df_session_tokens(s->sess);
         int have = df_session_pos(s->sess), k = 0;
         while (k < have && (size_t)k + 1 < n && held[k] == ids[k]) k++;
-        if (k > best_len || (k == best_len && s->used < best->used)) best = s, best_len = k;
+        long score = 3L * k - have;
+        if (score > best_score || (best && score == best_score && s->used < best->used))
+            best = s, best_score = score;
+        if (!spare || (have == 0) > (df_session_pos(spare->sess) == 0) ||
+            ((have == 0) == (df_session_pos(spare->sess) == 0) && s->used < spare->used))
+            spare = s;
     }
-    return best;
+    return best ? best : spare;
 }
 
 /* Takes j off the queue into a free slot and the batch. Not under mu. */
