@@ -209,7 +209,8 @@ const cli_opt CLI_OPTS[] = {
     {"--parallel", "N", "requests (serve) or jobs (batch) decoded together (1..64,\n"
      "default 4; serve: 1 with --draft): their rows share each forward\n"
      "pass, and each expert is read once for all of them; each has its\n"
-     "own session (--ram-budget counts N)", cli_set_int, F(parallel), 1, 64},
+     "own session (--ram-budget counts N); serve --draft lookup drafts\n"
+     "for each (a draft model: --parallel 1 only)", cli_set_int, F(parallel), 1, 64},
     /* benchmark and test controls: `deltafin bench` only */
     {"--replay-routing", "TRACE", "MoE layers use the expert ids of the trace's next token\n"
      "(# moe-routing-trace v1; one trace token per evaluated row,\n"
@@ -279,6 +280,7 @@ const cli_section CLI_BATCH_SECTIONS[] = {
     {"defaults of a job", "--max-new " SAMPLING_NAMES " --seed --no-think --think"},
     {"engine", ENGINE_NAMES},
     {"prompt cache", PCACHE_NAMES},
+    {"speculative decoding (every job; lookup only)", DRAFT_NAMES},
     {0},
 };
 
