@@ -4,7 +4,8 @@
  * with the same drafter and seed, and those of plain decoding, greedy (with
  * and without a logits hook) and seeded sampling, with drafting requests
  * (prompt lookup under the gate and at a fixed depth, an oracle that is right
- * up to a random position) and a plain one in the same steps, on a Qwen3-MoE
+ * up to a random position, the model as its own draft model: a draft session
+ * per request, every draft accepted) and a plain one in the same steps, on a Qwen3-MoE
  * with experts streamed from a pack, and on a Kimi K3 (recurrent state: few
  * kept positions, so a rejected draft is rolled back to a snapshot and the
  * accepted rows recomputed). The paths were taken: verify passes in the
@@ -23,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define NREQ 5
+#define NREQ 6
 #define CTX 96
 #define MAXTOK 64
 
@@ -36,7 +37,8 @@ static model MODELS[] = {{.name = "engine-moe", .streamed = true}, {.name = "eng
 static char tmp[256];
 static int V;
 
-/* Request r: its sampler, drafter ("lookup", "oracle" or none) at a fixed
+/* Request r: its sampler, drafter ("lookup", "oracle", "self": the model as
+ * its own draft model, or none) at a fixed
  * depth (0: the gate), tokens wanted, and a logits hook. */
 typedef struct rq {
     float temp;
@@ -49,7 +51,7 @@ typedef struct rq {
 static const rq RQ[NREQ] = {
     {0.0f, 0, 1, "lookup", 0, 28, false}, {0.5f, 2, 3, "lookup", 3, 24, false},
     {0.0f, 0, 1, "oracle", 4, 30, true},  {0.8f, 0, 9, "oracle", 5, 26, false},
-    {0.0f, 0, 1, NULL, 0, 20, false},
+    {0.0f, 0, 1, NULL, 0, 20, false},     {0.7f, 0, 4, "self", 3, 22, false},
 };
 
 /* A phrase said three times after a random start, so lookup has something to find. */
@@ -125,9 +127,9 @@ static df_engine *open_model(const model *m) {
 }
 
 /* Request r's drafter, or NULL; an oracle proposes from ref. */
-static df_spec *drafter(df_engine *e, int r, oracle *orc, const out *ref, int n_prompt) {
+static df_spec *drafter(df_engine *e, const model *m, int r, oracle *orc, const out *ref, int n_prompt) {
     if (!RQ[r].draft) return NULL;
-    df_spec_opts so = {.draft = "lookup"};
+    df_spec_opts so = {.draft = strcmp(RQ[r].draft, "self") ? "lookup" : m->dir, .n_threads = 1};
     df_spec *sp;
     df_error err;
     assert_int_equal(df_spec_new(&sp, e, &so, &err), DF_OK);
@@ -161,7 +163,7 @@ static void run_model(const model *m) {
             df_session *s;
             assert_int_equal(df_session_new(&s, e, CTX, &err), DF_OK);
             df_sampler *smp = sampler(r);
-            df_spec *sp = pass ? drafter(e, r, &orc[r], &plain[r], plen[r]) : NULL;
+            df_spec *sp = pass ? drafter(e, m, r, &orc[r], &plain[r], plen[r]) : NULL;
             out *o = pass ? &solo[r] : &plain[r];
             df_generate_opts go = opts(r, smp, sp, o);
             if (df_generate(s, prompt[r], plen[r], &go, &o->res, &err)) fail_msg("generate: %s", err.msg);
@@ -180,7 +182,7 @@ static void run_model(const model *m) {
     for (int r = 0; r < NREQ; r++) {
         assert_int_equal(df_session_new(&s[r], e, CTX, &err), DF_OK);
         smp[r] = sampler(r);
-        sp[r] = drafter(e, r, &orc[r], &plain[r], plen[r]);
+        sp[r] = drafter(e, m, r, &orc[r], &plain[r], plen[r]);
         df_generate_opts go = opts(r, smp[r], sp[r], &got[r]);
         if (df_batchgen_add(g, s[r], prompt[r], plen[r], &go, on_done, &err)) fail_msg("add: %s", err.msg);
     }
@@ -206,7 +208,10 @@ static void run_model(const model *m) {
             fprintf(stderr, "%s r%d: %llu verify passes, %llu drafted, %llu accepted\n", m->name, r,
                     (unsigned long long)st.verify_passes, (unsigned long long)st.drafted,
                     (unsigned long long)st.accepted);
-        if (!strcmp(RQ[r].draft, "lookup")) lookup_acc += st.accepted;
+        if (!strcmp(RQ[r].draft, "self")) {
+            assert_true(st.drafted > 0);
+            assert_int_equal(st.accepted, st.drafted); /* a model agrees with itself */
+        } else if (!strcmp(RQ[r].draft, "lookup")) lookup_acc += st.accepted;
         else orc_acc += st.accepted, orc_drafted += st.drafted;
     }
     /* the random K3 model never repeats itself: lookup finds nothing to accept there */
