@@ -38,6 +38,12 @@
  *
  * The gate (gate.c) decides, from measured costs and acceptance, how many
  * tokens each pass drafts; this file feeds it the passes' wall times.
+ *
+ * A step is df_spec_begin (depth, drafts, the rows to verify), the target's
+ * evaluation, then df_spec_end (ruling, rollback, gate): df_spec_step runs
+ * them on its session, df_batchgen evaluates many requests' rows in one
+ * df_eval_multi between the two halves (then a pass's wall time is the
+ * shared step's).
  */
 #include "decode/speculative.h"
 #include "engine/dev.h"
