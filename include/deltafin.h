@@ -514,7 +514,9 @@ int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_o
  * (df_batchgen_add) and leave (finished, cancelled) between steps. A
  * request's tokens are exactly those df_generate gives it alone with the same
  * sampler seed. With the engine's prompt cache a request restores at join
- * and stores as df_generate does. Plain decoding only (no df_spec yet). */
+ * and stores as df_generate does. A request with a drafter (its own df_spec)
+ * drafts as its gate decides; its rows to verify join the step's pass and it
+ * keeps what df_spec_step would, so its tokens are still df_generate's. */
 typedef struct df_batchgen df_batchgen;
 
 /* When a request leaves: its result, and DF_OK or the evaluation error that
@@ -529,7 +531,8 @@ void df_batchgen_free(df_batchgen *g); /* requests still in it are dropped unrep
  * leaves. From o: sampler (required), max_new, prefill_chunk (its prompt rows
  * per step; 0: what the step has room for), reuse_prefix, logits_hook,
  * force, on_token, on_prefill, on_step, cancelled (checked before each of its
- * steps) and user (passed to all of them and to on_done). spec and
+ * steps), spec (NULL, or a drafter no other request in the batch holds; not
+ * with force) and user (passed to all of them and to on_done).
  * prefill_progress must be NULL. The prompt is copied. */
 int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n, const df_generate_opts *o,
                     df_done_fn on_done, df_error *err);

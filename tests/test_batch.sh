@@ -113,6 +113,13 @@ if run --output "$T/p1.jsonl" --parallel 1 2>"$T/err" && $PY "$T/check.py" "$T/p
 else
     bad batch-parallel-1-vs-4 "$(tail -3 "$T/err")"
 fi
+# --draft lookup: every slot drafts inside the batch; the same results
+if run --output "$T/spec.jsonl" --parallel 4 --draft lookup --draft-k 4 2>"$T/err" \
+   && $PY "$T/check.py" "$T/spec.jsonl" "$T/ref.jsonl"; then
+    ok batch-draft-lookup
+else
+    bad batch-draft-lookup "$(tail -3 "$T/err")"
+fi
 
 # the prompt cache: a second run in a new process restores the prompts the first
 # stored (usage's cached_tokens) and answers the same
@@ -173,5 +180,7 @@ echo '{"not": "a result"}' >"$T/foreign.jsonl"
 expect_error batch-foreign-output "^deltafin: --output .*line 1 is not a result line" \
     "$ENG" batch --model "$MODEL" --input "$T/jobs.jsonl" --output "$T/foreign.jsonl"
 expect_error batch-parallel-range "--parallel" "$ENG" batch --model "$MODEL" --parallel 0
+expect_error batch-draft-model "^deltafin: batch: --draft takes lookup only" \
+    "$ENG" batch --model "$MODEL" --input "$T/jobs.jsonl" --output "$T/o2.jsonl" --draft "$MODEL"
 
 finish

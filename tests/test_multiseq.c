@@ -436,9 +436,9 @@ static void test_batchgen_refuses(void **state) {
     df_sampler *smp = rq_sampler(0);
     df_generate_opts go = {.sampler = smp};
     assert_int_equal(df_batchgen_add(g, s, toks[0], 8, &go, NULL, &err), DF_ERR_CONTEXT);
-    go.spec = (df_spec *)1;
+    go.prefill_progress = (df_progress_fn)1;
     assert_int_equal(df_batchgen_add(g, s, toks[0], 2, &go, NULL, &err), DF_ERR_UNSUPPORTED);
-    go.spec = NULL;
+    go.prefill_progress = NULL;
     assert_int_equal(df_batchgen_add(g, s, toks[0], 2, &go, NULL, &err), DF_OK);
     assert_int_equal(df_batchgen_add(g, s, toks[0], 2, &go, NULL, &err), DF_ERR_ARG); /* its session is taken */
     while (df_batchgen_active(g)) assert_int_equal(df_batchgen_step(g, &err), DF_OK);

@@ -328,8 +328,8 @@ c=$(jq_py 'd["usage"]["prompt_tokens_details"]["cached_tokens"], d["usage"]["pro
 set -- $c
 [ "$st" = 200 ] && [ "${1:-0}" -gt 0 ] && [ "${1:-0}" = $((${2:-0} - 1)) ] && ok parallel-slot-reuse \
     || bad parallel-slot-reuse "status $st, cached and prompt tokens: $c"
-# speculative decoding is not batched: --draft with --parallel above 1 is refused
-"$ENG" serve --model "$MODEL" --port "$PORT8" --draft lookup --parallel 2 >"$T/dp.out" 2>&1
+# a draft model would be loaded once per slot: --draft DIR with --parallel above 1 is refused
+"$ENG" serve --model "$MODEL" --port "$PORT8" --draft "$MODEL" --parallel 2 >"$T/dp.out" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--parallel 1" "$T/dp.out" && ok parallel-draft-refused || bad parallel-draft-refused "exit $rc: $(cat "$T/dp.out")"
 
@@ -550,6 +550,36 @@ EOF
     if [ $rc3 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s3.log"; then ok "$name-shutdown"
     else bad "$name-shutdown" "exit $rc3: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s3.log" | head -30)"; fi
 done
+# --draft lookup in a batch (--parallel 3): the requests at once, each the
+# plain server's text; drafts were verified in the batch's steps
+if SERVE="bench serve" start_server "$T/s5.log" "$PORT3" --ctx 8192 --draft lookup --draft-k 6 --draft-fixed 3 --parallel 3; then
+    S5=$SPID
+    cpids=()
+    U5=http://127.0.0.1:$PORT3
+    for i in "${!spec_bodies[@]}"; do
+        b=${spec_bodies[$i]}
+        path=/v1/completions; case "$b" in *messages*) path=/v1/chat/completions;; esac
+        curl -s -o "$T/par5.$i" -H 'Content-Type: application/json' "$U5$path" --data-binary "$b" &
+        cpids+=($!)
+    done
+    wait "${cpids[@]}"
+    same=1
+    for i in "${!spec_bodies[@]}"; do
+        got=$($PY -c "import json; d=json.load(open('$T/par5.$i')); print($summary_py)" 2>/dev/null)
+        [ -n "$got" ] && [ "$got" = "${want[$i]}" ] || { bad "spec-lookup-parallel-$i" "$got vs plain ${want[$i]}"; same=0; }
+    done
+    [ $same = 1 ] && ok spec-lookup-parallel-identical
+    curl -s "$U5/metrics" >"$T/metrics5"
+    dr=$(sed -n 's/^deltafin_spec_drafted_tokens_total \([0-9]*\)$/\1/p' "$T/metrics5")
+    mx=$(sed -n 's/^deltafin_batch_active_max \([0-9]*\)$/\1/p' "$T/metrics5")
+    [ "${dr:-0}" -gt 0 ] && [ "${mx:-0}" -gt 1 ] && ok spec-lookup-parallel-metrics || bad spec-lookup-parallel-metrics "drafted '$dr' (max active '$mx')"
+    kill -TERM "$S5"; rc5=0; wait "$S5" || rc5=$?
+    PIDS=("${PIDS[@]/$S5}")
+    if [ $rc5 -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/s5.log"; then ok spec-lookup-parallel-shutdown
+    else bad spec-lookup-parallel-shutdown "exit $rc5: $(grep -hE -A12 'Sanitizer|runtime error' "$T/s5.log" | head -30)"; fi
+else
+    bad spec-lookup-parallel "did not start"
+fi
 "$ENG" serve --model "$MODEL" --port "$PORT3" --draft "$T/nonexistent-draft" >"$T/bad3.out" 2>&1
 [ $? -eq 2 ] && grep -q "nonexistent-draft" "$T/bad3.out" && ok spec-bad-draft || bad spec-bad-draft "$(cat "$T/bad3.out")"
 # --draft-rejection (as in `deltafin run`): greedy text unchanged; a seeded

@@ -5,8 +5,9 @@
  * job as each finishes (batch_io.c keeps the file resumable). A job's output
  * does not depend on what ran beside it: a job without a seed samples with
  * one derived from its custom_id, so a restarted run writes what an
- * uninterrupted one would have (but `created`). Progress on a terminal, a
- * summary at the end, on stderr.
+ * uninterrupted one would have (but `created`). With --draft lookup each
+ * slot drafts with its own df_spec inside the batch (the same output).
+ * Progress on a terminal, a summary at the end, on stderr.
  */
 #include "cli/batch.h"
 #include "cli/cli.h"
@@ -37,6 +38,7 @@ typedef struct slot {
     batch_job *job;
     df_session *s;
     df_sampler *smp;
+    df_spec *spec; /* --draft lookup: the slot's drafter */
     int32_t *ids;
     int n_prompt;
     int cached; /* prompt tokens the session held or the prompt cache restored */
@@ -267,9 +269,9 @@ static bool start_next(run *r, slot *q) {
             free(ids);
             continue;
         }
-        *q = (slot){.r = r, .job = j, .s = q->s, .smp = job_sampler(r, j), .ids = ids, .n_prompt = n,
-                    .text = q->text, .cap = q->cap, .busy = true};
-        df_generate_opts go = {.sampler = q->smp, .max_new = max_new, .reuse_prefix = 1, .on_token = on_token,
+        *q = (slot){.r = r, .job = j, .s = q->s, .smp = job_sampler(r, j), .spec = q->spec, .ids = ids,
+                    .n_prompt = n, .text = q->text, .cap = q->cap, .busy = true};
+        df_generate_opts go = {.sampler = q->smp, .spec = q->spec, .max_new = max_new, .reuse_prefix = 1, .on_token = on_token,
                                .user = q};
         if (rq->presence_penalty != 0 || rq->frequency_penalty != 0) go.logits_hook = penalties, go.hook_user = q;
         df_error err;
@@ -343,11 +345,14 @@ static df_engine *open_engine(const cli_args *a, int n) {
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
     const df_model_info *info = df_engine_info(e);
     int ctx = a->ctx ? a->ctx : (info->max_context < 4096 ? info->max_context : 4096);
-    uint64_t more = (uint64_t)(n - 1) * df_engine_session_bytes(e, ctx) + df_batcher_bytes(e, 0, ctx);
+    uint64_t more = (uint64_t)(n - 1) * df_engine_session_bytes(e, ctx) + df_batcher_bytes(e, 0, ctx), draft = 0;
+    df_spec_opts so = {.draft = a->draft, .k_max = a->draft_k};
+    if (a->draft && df_spec_draft_bytes(&so, info->vocab_size, ctx, &draft, &err)) cli_die_err(&err);
+    more += (uint64_t)n * draft; /* a drafter per slot */
     df_engine_close(e);
     eo = cli_engine_opts(a);
     static char what[80];
-    snprintf(what, sizeof what, "%d more sequences (--parallel)", n - 1);
+    snprintf(what, sizeof what, "%d more sequences (--parallel)%s", n - 1, a->draft ? " and their drafters" : "");
     eo.reserve_bytes = more, eo.reserve_for = what;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
     if (a->ctx > df_engine_info(e)->max_context)
@@ -366,6 +371,11 @@ int cli_batch_main(int argc, char **argv) {
     if (!a.prompt_cache && (a.prompt_cache_size || a.prompt_cache_every))
         cli_die("--prompt-cache-size and --prompt-cache-every need --prompt-cache");
     if (a.ctx == 1) cli_die("--ctx expects an integer in 2..%d, got '1'", 1 << 24);
+    if (!a.draft && (a.draft_k || a.lookup_n || a.draft_rejection))
+        cli_die("--draft-k, --lookup-n and --draft-rejection need --draft");
+    /* a draft model would be loaded once per slot */
+    if (a.draft && strcmp(a.draft, "lookup") != 0)
+        cli_die("batch: --draft takes lookup only (a draft model would be loaded once per --parallel slot)");
     run r = {.a = &a};
     batch_read_input(a.input, &r.in);
     r.done = df_xcalloc((size_t)(r.in.n ? r.in.n : 1), sizeof *r.done);
@@ -384,13 +394,18 @@ int cli_batch_main(int argc, char **argv) {
     r.slots = df_xcalloc((size_t)r.n_slots, sizeof *r.slots);
     for (int k = 0; k < r.n_slots; k++)
         if (df_session_new(&r.slots[k].s, r.eng, r.ctx, &err)) cli_die_err(&err);
+    df_spec_opts so = {.draft = a.draft, .k_max = a.draft_k, .lookup_n = a.lookup_n, .n_threads = a.threads,
+                       .isa = a.isa, .rejection = a.draft_rejection};
+    for (int k = 0; a.draft && k < r.n_slots; k++)
+        if (df_spec_new(&r.slots[k].spec, r.eng, &so, &err)) cli_die_err(&err);
     r.counts = df_xcalloc((size_t)r.info->vocab_size, sizeof *r.counts);
     r.t0 = df_now();
     run_jobs(&r);
     df_stats st;
     df_engine_stats(r.eng, &st);
     summary(&r, &st);
-    for (int k = 0; k < r.n_slots; k++) df_session_free(r.slots[k].s), free(r.slots[k].text);
+    for (int k = 0; k < r.n_slots; k++)
+        df_session_free(r.slots[k].s), df_spec_free(r.slots[k].spec), free(r.slots[k].text);
     free(r.slots);
     free(r.counts);
     df_batchgen_free(r.g);

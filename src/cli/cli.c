@@ -210,7 +210,8 @@ const cli_opt CLI_OPTS[] = {
      "decoded together (1..64, default 4; serve: 1 with --draft):\n"
      "their rows share each forward pass, and each expert is read\n"
      "once for all of them; each has its own session (--ram-budget\n"
-     "counts N)", cli_set_int, F(parallel), 1, 64},
+     "counts N); serve --draft lookup drafts for each (a draft\n"
+     "model: --parallel 1 only)", cli_set_int, F(parallel), 1, 64},
     /* benchmark and test controls: `deltafin bench` only */
     {"--replay-routing", "TRACE", "MoE layers use the expert ids of the trace's next token\n"
      "(# moe-routing-trace v1; one trace token per evaluated row,\n"
@@ -280,6 +281,7 @@ const cli_section CLI_BATCH_SECTIONS[] = {
     {"defaults of a job", "--max-new " SAMPLING_NAMES " --seed --no-think --think"},
     {"engine", ENGINE_NAMES},
     {"prompt cache", PCACHE_NAMES},
+    {"speculative decoding (every job; lookup only)", DRAFT_NAMES},
     {0},
 };
 

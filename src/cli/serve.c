@@ -7,6 +7,7 @@
  */
 #include "cli/cli.h"
 #include "server/server.h"
+#include "util/util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -96,13 +97,19 @@ static int start_failed(const df_error *err) {
     return err->code == DF_ERR_NOMEM ? 1 : CLI_EXIT_BAD;
 }
 
-/* The engine and the drafter; nonzero: the exit status (said why). */
-static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, df_spec **spec) {
+static void free_specs(df_spec **specs, int n) {
+    for (int i = 0; specs && i < n; i++) df_spec_free(specs[i]);
+    free(specs);
+}
+
+/* The engine and a drafter per slot; nonzero: the exit status (said why). */
+static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, df_spec ***specs) {
     df_engine_opts eo = cli_engine_opts(a);
     eo.sessions = a->parallel; /* each request in the batch has its own session */
     df_error err;
     char what[600], both[700];
     if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) return start_failed(&err);
+    eo.reserve_bytes *= (uint64_t)a->parallel; /* a drafter per slot (lookup: its context copy and rows) */
     if (a->prompt_cache) { /* the RAM tier is part of what the budget holds */
         eo.prompt_cache_ram = a->prompt_cache_ram >= 0 ? (uint64_t)a->prompt_cache_ram : DEFAULT_PC_RAM;
         if (eo.ram_budget && eo.prompt_cache_ram) {
@@ -119,17 +126,22 @@ static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, d
         df_engine_close(*eng);
         return CLI_EXIT_BAD;
     }
-    *spec = NULL;
+    *specs = NULL;
     if (!a->draft) return 0;
     df_spec_opts so = {.draft = a->draft, .k_max = a->draft_k, .lookup_n = a->lookup_n, .n_threads = a->threads,
                        .isa = a->isa, .rejection = a->draft_rejection};
     if (a->draft_fixed && !a->draft_k) so.k_max = a->draft_fixed > 8 ? a->draft_fixed : 0;
-    if (df_spec_new(spec, *eng, &so, &err)) {
-        int rc = start_failed(&err); /* said before the engine's own close-time warnings */
-        df_engine_close(*eng);
-        return rc;
+    *specs = df_xcalloc((size_t)a->parallel, sizeof **specs);
+    for (int i = 0; i < a->parallel; i++) {
+        if (df_spec_new(&(*specs)[i], *eng, &so, &err)) {
+            int rc = start_failed(&err); /* said before the engine's own close-time warnings */
+            free_specs(*specs, a->parallel);
+            *specs = NULL;
+            df_engine_close(*eng);
+            return rc;
+        }
+        if (dev && dev->spec_ready) dev->spec_ready((*specs)[i], a);
     }
-    if (dev && dev->spec_ready) dev->spec_ready(*spec, a);
     return 0;
 }
 
@@ -139,10 +151,11 @@ int cli_serve(cli_args *a, const cli_dev *dev) {
         cli_die(dev ? "--draft-k, --lookup-n, --draft-fixed and --draft-rejection need --draft"
                     : "--draft-k, --lookup-n and --draft-rejection need --draft");
     if (!a->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
-    /* speculative decoding runs one request at a time (a batch does not draft yet) */
-    if (a->draft && a->parallel > 1)
-        cli_die("--draft works with --parallel 1 only: speculative decoding does not run in a batch yet "
-                "(--parallel 1 serves one request at a time with the drafter)");
+    /* every slot of a batch drafts with its own drafter: a draft model would
+     * be loaded once per slot */
+    if (a->draft && strcmp(a->draft, "lookup") != 0 && a->parallel > 1)
+        cli_die("a draft model (--draft DIR) works with --parallel 1 only: each request in a batch would need its "
+                "own copy of it (--draft lookup works with any --parallel)");
     if (!a->parallel) a->parallel = a->draft ? 1 : 4;
     if (!a->prompt_cache && (a->prompt_cache_size || a->prompt_cache_every || a->prompt_cache_ram >= 0))
         cli_die("--prompt-cache-size, --prompt-cache-every and --prompt-cache-ram need --prompt-cache");
@@ -150,8 +163,8 @@ int cli_serve(cli_args *a, const cli_dev *dev) {
     struct sockaddr_storage ss;
     socklen_t ss_len = listen_addr(a, &ss);
     df_engine *eng;
-    df_spec *spec;
-    int rc = open_engine(a, dev, &eng, &spec);
+    df_spec **specs;
+    int rc = open_engine(a, dev, &eng, &specs);
     if (rc) return rc;
     const df_model_info *info = df_engine_info(eng);
     char model_id[256];
@@ -166,8 +179,8 @@ int cli_serve(cli_args *a, const cli_dev *dev) {
                       .ctx = a->ctx ? a->ctx : (info->max_context < 4096 ? info->max_context : 4096),
                       .model_id = model_id, .sp = a->sp, .temp_set = a->temp_set, .top_p_set = a->top_p_set,
                       .top_k_set = a->top_k_set, .max_new = a->max_new_set ? a->max_new : 0, .think = a->think};
-    rc = srv_run(&cfg, eng, spec);
-    df_spec_free(spec);
+    rc = srv_run(&cfg, eng, specs);
+    free_specs(specs, a->parallel);
     df_engine_close(eng);
     return rc;
 }

@@ -10,12 +10,23 @@
  * hook, and the same stop conditions (take() mirrors generate.c's). Only the
  * batch a row is evaluated in differs, which changes no logits (forward.h).
  *
+ * A request with a drafter (o->spec, its own) goes through df_spec_step's
+ * halves: df_spec_begin drafts as its gate decides and gives the rows to
+ * verify ([last, d1..dk], all rows' logits; one row when it drafts none), the
+ * step evaluates them with every other request's rows, and df_spec_end rules
+ * on them and rolls back the rejected ones, as df_spec_step would. Its tokens
+ * are therefore df_generate's with the same drafter, which are those of plain
+ * decoding (speculative.c). The gate sees the shared pass's wall time.
+ *
  * With the engine's prompt cache, a request restores and stores as
  * df_generate does: the longest cached prefix at join, the interval's
  * multiples (a model with recurrent state ends its chunks there), the
  * prompt less its last token, and the end of the generation.
  */
 #include "deltafin.h"
+
+#include "decode/gate.h"
+#include "decode/speculative.h"
 
 #include "util/util.h"
 
@@ -35,6 +46,7 @@ typedef struct req {
     int every;           /* the prompt cache's interval, 0: none */
     bool split;          /* recurrent state: chunks end at the interval's multiples */
     bool decoding, done;
+    bool drafting;       /* this step's rows are o.spec's pass */
     float *logits;
     double t_start, t_decode;
     struct req *next_req;
@@ -81,11 +93,17 @@ int df_batchgen_add(df_batchgen *g, df_session *s, const int32_t *prompt, int n,
                     df_done_fn on_done, df_error *err) {
     if (!s || !prompt || n < 1 || !o || !o->sampler || o->max_new < 0 || df_session_engine(s) != g->eng)
         return df_fail(err, DF_ERR_ARG, "df_batchgen_add: bad arguments");
-    if (o->spec || o->prefill_progress)
-        return df_fail(err, DF_ERR_UNSUPPORTED, "df_batchgen_add: speculative decoding and prefill progress are "
-                                                "not supported in a batch");
-    for (req *q = g->head; q; q = q->next_req)
+    if (o->prefill_progress)
+        return df_fail(err, DF_ERR_UNSUPPORTED, "df_batchgen_add: prefill progress is not supported in a batch");
+    if (o->spec && o->force)
+        return df_fail(err, DF_ERR_ARG, "df_batchgen_add: teacher forcing and speculative decoding exclude each other");
+    for (req *q = g->head; q; q = q->next_req) {
+        if (q->done) continue;
         if (q->s == s) return df_fail(err, DF_ERR_ARG, "df_batchgen_add: the session is already in the batch");
+        if (o->spec && q->o.spec == o->spec)
+            return df_fail(err, DF_ERR_ARG, "df_batchgen_add: the drafter (df_spec) is already another request's: "
+                                            "each request needs its own");
+    }
     int cap = df_session_capacity(s);
     if (n >= cap)
         return df_fail(err, DF_ERR_CONTEXT, "the prompt of %d tokens leaves no room in the %d-token context", n,
@@ -170,6 +188,7 @@ static void store_prompt(req *q) {
 }
 
 static void finish(df_batchgen *g, req *q, int status, const df_error *err) {
+    if (q->o.spec) df_spec_set_logits_hook(q->o.spec, NULL, NULL);
     if (q->every && !q->decoding) store_prompt(q); /* what a cut-short prompt got to */
     /* the end of the turn: the next one in a conversation starts with it */
     if (q->every && status == DF_OK && q->r.produced > 0) df_session_cache_store(q->s, df_session_pos(q->s));
@@ -194,12 +213,28 @@ static void advance(df_batchgen *g, req *q, int rows, double step_s) {
         q->decoding = true;
         q->t_decode = now;
         if (take(q, sample(g, q))) finish(g, q, DF_OK, NULL);
+        else if (q->o.spec) df_spec_set_logits_hook(q->o.spec, q->o.logits_hook, q->o.hook_user);
         return;
     }
-    q->r.decoded++;
-    int32_t t = sample(g, q);
-    if (q->o.on_step) q->o.on_step(q->o.user, 1, step_s);
-    if (take(q, t)) finish(g, q, DF_OK, NULL);
+    int32_t got[GATE_K_MAX + 1];
+    int ng = 1;
+    if (q->drafting) {
+        df_error err;
+        int rc = df_spec_end(q->o.spec, q->s, q->o.sampler, got, &ng, &err);
+        if (rc) {
+            finish(g, q, rc, &err);
+            return;
+        }
+    } else {
+        got[0] = sample(g, q);
+    }
+    q->r.decoded += ng;
+    if (q->o.on_step) q->o.on_step(q->o.user, ng, step_s);
+    for (int i = 0; i < ng; i++)
+        if (take(q, got[i])) {
+            finish(g, q, DF_OK, NULL);
+            return;
+        }
 }
 
 /* Requests cancelled before their step leave now. */
@@ -221,16 +256,33 @@ static void drop_done(df_batchgen *g) {
 
 int df_batchgen_step(df_batchgen *g, df_error *err) {
     check_cancelled(g);
-    int n = 0, decoders = 0;
-    for (req *q = g->head; q; q = q->next_req) n += !q->done, decoders += !q->done && q->decoding;
+    int n = 0;
+    for (req *q = g->head; q; q = q->next_req) n += !q->done;
     df_eval_item *it = df_xmalloc(sizeof *it * (size_t)(n ? n : 1));
     req **who = df_xmalloc(sizeof *who * (size_t)(n ? n : 1));
-    int k = 0;
-    /* decode rows first, one each; prompts share what room is left in join
-     * order (at least one row, so a full batch cannot starve a prompt) */
-    for (req *q = g->head; q; q = q->next_req)
-        if (!q->done && q->decoding) it[k] = (df_eval_item){q->s, &q->hist[q->nh - 1], 1, q->logits, 0}, who[k++] = q;
-    int room = g->max_rows - decoders;
+    int k = 0, decode_rows = 0;
+    /* decode rows first (one each, or a drafter's rows to verify); prompts
+     * share what room is left in join order (at least one row, so a full
+     * batch cannot starve a prompt) */
+    for (req *q = g->head; q; q = q->next_req) {
+        if (q->done || !q->decoding) continue;
+        q->drafting = false;
+        if (q->o.spec) {
+            df_error e1;
+            int rc = df_spec_begin(q->o.spec, q->s, q->o.sampler, q->hist, q->nh, q->limit - q->r.produced, &it[k],
+                                   &e1);
+            if (rc) {
+                finish(g, q, rc, &e1);
+                continue;
+            }
+            q->drafting = true;
+        } else {
+            it[k] = (df_eval_item){q->s, &q->hist[q->nh - 1], 1, q->logits, 0};
+        }
+        decode_rows += it[k].n;
+        who[k++] = q;
+    }
+    int room = g->max_rows - decode_rows;
     if (room < 1) room = 1;
     for (req *q = g->head; q && room > 0; q = q->next_req) {
         if (q->done || q->decoding) continue;

@@ -38,6 +38,12 @@
  *
  * The gate (gate.c) decides, from measured costs and acceptance, how many
  * tokens each pass drafts; this file feeds it the passes' wall times.
+ *
+ * A step is df_spec_begin (depth, drafts, the rows to verify), the target's
+ * evaluation, then df_spec_end (ruling, rollback, gate): df_spec_step runs
+ * them on its session, df_batchgen evaluates many requests' rows in one
+ * df_eval_multi between the two halves (then a pass's wall time is the
+ * shared step's).
  */
 #include "decode/speculative.h"
 #include "engine/dev.h"
@@ -84,6 +90,10 @@ struct df_spec {
     uint64_t plain_passes, plain_bytes, verify_bytes;
     double draft_s;   /* drafting time of verify passes, the draft model's catch-up aside */
     double catchup_s; /* the draft model's catch-up (its prefill of unseen tokens) */
+    /* the pass between df_spec_begin and df_spec_end */
+    int n_hist, kd;
+    double t0, t_draft_end, catchup;
+    df_stats b0;
 };
 
 /* ---- setup ------------------------------------------------------------------------ */
@@ -387,10 +397,12 @@ static int verify(df_spec *sp, df_sampler *smp, int n, int kd, int32_t *next) {
     return kd; /* not reached */
 }
 
-int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *hist, int n_hist,
-                 int32_t *out, int max_out, int *n_out, df_error *err) {
-    if (n_out) *n_out = 0;
-    if (!sp || !s || !smp || !hist || n_hist < 1 || !out || max_out < 1 || !n_out)
+/* Begins a pass (df_spec_begin in speculative.h): the gate's depth, the
+ * drafts into ctx[n_hist..), the positions a rollback may need kept, and the
+ * rows to evaluate. */
+int df_spec_begin(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *hist, int n_hist, int max_out,
+                  df_eval_item *item, df_error *err) {
+    if (!sp || !s || !smp || !hist || n_hist < 1 || max_out < 1 || !item)
         return df_fail(err, DF_ERR_ARG, "speculative: bad arguments to df_spec_step");
     if (df_session_pos(s) != n_hist - 1)
         return df_fail(err, DF_ERR_ARG,
@@ -409,14 +421,14 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
     }
     memcpy(sp->ctx, hist, sizeof(int32_t) * (size_t)n_hist);
 
-    df_stats b0, b1;
-    df_engine_stats(sp->tgt, &b0);
-    double t0 = df_now();
+    df_engine_stats(sp->tgt, &sp->b0);
+    sp->t0 = df_now();
+    sp->n_hist = n_hist;
+    sp->catchup = 0.0;
     int kd = 0, rc;
-    double catchup = 0.0, t_draft_end;
     if (k > 0) {
         if (sp->kind == DRAFT_MODEL) {
-            if ((rc = draft_model(sp, s, smp, n_hist, k, &kd, &catchup, err))) return rc;
+            if ((rc = draft_model(sp, s, smp, n_hist, k, &kd, &sp->catchup, err))) return rc;
         } else if (sp->kind == DRAFT_FN) {
             kd = sp->fn(sp->fn_user, sp->ctx, n_hist, sp->ctx + n_hist, k);
         } else {
@@ -427,13 +439,22 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         for (int i = 0; i < kd; i++)
             if (sp->ctx[n_hist + i] < 0 || sp->ctx[n_hist + i] >= sp->V) kd = i;
     }
-    t_draft_end = df_now();
+    sp->kd = kd;
+    sp->t_draft_end = df_now();
     /* every drafted row may be the last one kept; a session that keeps few
      * positions (recurrent state) keeps the first ones and recomputes the
      * rest of an accepted run */
     int keep = df_session_keep_limit(s) - 1;
     for (int i = 0; i < kd && i < keep; i++) df_session_keep(s, n_hist + i);
-    if ((rc = df_session_eval(s, sp->ctx + n_hist - 1, kd + 1, sp->rows, 1, err))) return rc;
+    *item = (df_eval_item){s, sp->ctx + n_hist - 1, kd + 1, sp->rows, 1};
+    return DF_OK;
+}
+
+/* Ends the pass begun by df_spec_begin once its rows are evaluated: the
+ * ruling, the rejected rows dropped (the target's and the draft's), the
+ * tokens out, and what the pass cost to the gate. */
+int df_spec_end(df_spec *sp, df_session *s, df_sampler *smp, int32_t *out, int *n_out, df_error *err) {
+    int n_hist = sp->n_hist, kd = sp->kd, rc;
     int32_t next = 0;
     int acc = verify(sp, smp, n_hist, kd, &next);
     if (acc < kd) {
@@ -452,9 +473,10 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
     out[acc] = next;
     *n_out = acc + 1;
 
-    double secs = df_now() - t0;
+    df_stats b1;
+    double secs = df_now() - sp->t0;
     df_engine_stats(sp->tgt, &b1);
-    uint64_t bytes = b1.expert_bytes_read - b0.expert_bytes_read;
+    uint64_t bytes = b1.expert_bytes_read - sp->b0.expert_bytes_read;
     df_spec_stats *st = &sp->st;
     st->passes++;
     st->tokens += (uint64_t)(acc + 1);
@@ -470,14 +492,25 @@ int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *his
         st->spec_tokens += (uint64_t)(acc + 1);
         sp->verify_bytes += bytes;
         st->spec_time_s += secs;
-        double draft_s = t_draft_end - t0;
-        sp->draft_s += draft_s - catchup;
-        sp->catchup_s += catchup;
+        double draft_s = sp->t_draft_end - sp->t0;
+        sp->draft_s += draft_s - sp->catchup;
+        sp->catchup_s += sp->catchup;
         /* Bringing the draft up to date after the prompt or a pause is the
          * draft's prefill, not what a pass costs in the steady state. */
-        gate_verify(&sp->gt, kd, acc, secs - draft_s, draft_s - catchup, secs);
+        gate_verify(&sp->gt, kd, acc, secs - draft_s, draft_s - sp->catchup, secs);
     }
     return DF_OK;
+}
+
+int df_spec_step(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *hist, int n_hist,
+                 int32_t *out, int max_out, int *n_out, df_error *err) {
+    if (n_out) *n_out = 0;
+    if (!out || !n_out) return df_fail(err, DF_ERR_ARG, "speculative: bad arguments to df_spec_step");
+    df_eval_item it;
+    int rc = df_spec_begin(sp, s, smp, hist, n_hist, max_out, &it, err);
+    if (!rc) rc = df_session_eval(s, it.tokens, it.n, it.logits, 1, err);
+    if (!rc) rc = df_spec_end(sp, s, smp, out, n_out, err);
+    return rc;
 }
 
 /* ---- reporting --------------------------------------------------------------------- */

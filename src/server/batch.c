@@ -8,7 +8,8 @@
  * soon as it ends (finished, failed, or cancelled: its client went away).
  * Every request's tokens are those it would get alone (df_batchgen), so its
  * text, stop strings, penalties and seed behave as with --parallel 1.
- * Speculative decoding is not batched: serve keeps --draft to --parallel 1.
+ * With --draft lookup each slot drafts with its own df_spec, verified in the
+ * batch's step (df_batchgen); serve keeps a draft model to --parallel 1.
  */
 #include "server/internal.h"
 

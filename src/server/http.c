@@ -399,7 +399,7 @@ static int serve(sigset_t *set) {
 }
 
 
-int srv_run(const srv_config *cfg, df_engine *eng, df_spec *spec) {
+int srv_run(const srv_config *cfg, df_engine *eng, df_spec **specs) {
     g_srv.cfg = *cfg;
     if (g_srv.cfg.parallel < 1) g_srv.cfg.parallel = 1;
     g_srv.active = calloc((size_t)g_srv.cfg.parallel, sizeof *g_srv.active);
@@ -409,7 +409,7 @@ int srv_run(const srv_config *cfg, df_engine *eng, df_spec *spec) {
         return 1;
     }
     g_srv.eng = eng;
-    g_srv.spec = spec;
+    g_srv.specs = specs;
     g_srv.info = df_engine_info(eng);
     g_srv.prompt_cache = df_prompt_cache_interval(eng) > 0;
     g_srv.started = srv_now_unix();

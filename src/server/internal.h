@@ -62,7 +62,7 @@ extern const int SRV_STATUSES[];
 typedef struct srv_state {
     srv_config cfg;
     df_engine *eng;
-    df_spec *spec; /* NULL without --draft; used by the worker only */
+    df_spec **specs; /* NULL without --draft, else one per slot (cfg.parallel); the worker's only */
     srv_listener *listener;
     const df_model_info *info;
     bool prompt_cache; /* the engine has one (--prompt-cache) */

@@ -3,8 +3,8 @@
  * queue, a request slot (its session, prompt-prefix reuse through
  * df_generate or df_batchgen), stop strings, OpenAI penalties and SSE
  * framing of the output; the worker, which runs one generation at a time
- * with --parallel 1 (speculative decoding included) and hands over to
- * batch.c otherwise. See internal.h for the threads.
+ * with --parallel 1 and hands over to batch.c otherwise. Each slot has its
+ * own drafter with --draft. See internal.h for the threads.
  */
 #include "server/internal.h"
 
@@ -356,8 +356,13 @@ static void job_finish(worker *w, job *j, gen_state *g, const df_generate_result
     bool cancelled = job_cancelled(j);
     df_stats st;
     df_engine_stats(g_srv.eng, &st);
-    df_spec_stats sst = {0};
-    if (g_srv.spec) df_spec_stats_get(g_srv.spec, &sst);
+    df_spec_stats sst = {0}; /* the slots' drafters together */
+    for (int i = 0; g_srv.specs && i < g_srv.cfg.parallel; i++) {
+        df_spec_stats one;
+        df_spec_stats_get(g_srv.specs[i], &one);
+        sst.drafted += one.drafted, sst.accepted += one.accepted, sst.verify_passes += one.verify_passes;
+        if (one.depth > sst.depth) sst.depth = one.depth;
+    }
     pthread_mutex_lock(&g_srv.mu);
     g_srv.stats = st;
     g_srv.spec_stats = sst;
@@ -417,8 +422,8 @@ bool srv_job_begin(srv_slot *s, job *j, int32_t *ids, size_t n, int max_new) {
      * token: with --draft too, the first token is drawn from its logits), and
      * with --prompt-cache restores a longer cached prefix (from the RAM tier,
      * or from disk), storing the new states as it goes. */
-    s->go = (df_generate_opts){.sampler = smp, .spec = g_srv.spec, .max_new = max_new,
-                               .prefill_chunk = PREFILL_CHUNK, .reuse_prefix = 1, .on_token = job_token,
+    s->go = (df_generate_opts){.sampler = smp, .spec = g_srv.specs ? g_srv.specs[s->idx] : NULL,
+                               .max_new = max_new, .prefill_chunk = PREFILL_CHUNK, .reuse_prefix = 1, .on_token = job_token,
                                .cancelled = job_gen_cancelled, .user = s};
     if (r->presence_penalty != 0 || r->frequency_penalty != 0) s->go.logits_hook = penalty_hook, s->go.hook_user = s;
     return true;

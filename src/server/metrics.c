@@ -114,7 +114,7 @@ char *srv_metrics_text(size_t *len) {
             (unsigned long long)g_srv.rejected_full, g_srv.n_waiting, g_srv.n_active > 0,
             (unsigned long long)g_srv.stats.expert_hits, (unsigned long long)g_srv.stats.expert_misses,
             (unsigned long long)g_srv.stats.expert_bytes_read);
-    if (g_srv.spec)
+    if (g_srv.specs)
         fprintf(f,
                 "# HELP deltafin_spec_drafted_tokens_total Tokens proposed by the drafter and checked.\n"
                 "# TYPE deltafin_spec_drafted_tokens_total counter\ndeltafin_spec_drafted_tokens_total %llu\n"

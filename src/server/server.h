@@ -22,7 +22,7 @@ typedef struct srv_config {
     int port;
     const char *api_key;         /* NULL: none required */
     uint64_t max_body;           /* largest request body */
-    int parallel;                /* requests decoded together (1: one at a time, with spec) */
+    int parallel;                /* requests decoded together (1: one at a time) */
     int queue;                   /* requests that may wait behind the running ones */
     int request_timeout;         /* seconds a request has to arrive whole */
     int max_per_ip;              /* connections one address may hold */
@@ -38,8 +38,9 @@ typedef struct srv_config {
     bool think;
 } srv_config;
 
-/* Serves eng (and spec: NULL without a drafter; neither is taken over) until
- * SIGINT or SIGTERM, then stops every request. Returns the exit status. */
-int srv_run(const srv_config *cfg, df_engine *eng, df_spec *spec);
+/* Serves eng (and specs: NULL without a drafter, else one per slot, i.e.
+ * cfg->parallel of them; none is taken over) until SIGINT or SIGTERM, then
+ * stops every request. Returns the exit status. */
+int srv_run(const srv_config *cfg, df_engine *eng, df_spec **specs);
 
 #endif
