@@ -711,11 +711,11 @@ pc_turn() { node tests/server/pcache.mjs "$U7/v1" "$1" "$2"; } # SYSTEM USER -> 
 pc_field() { $PY -c "import json,sys; print(json.loads(sys.argv[1]).get('$2'))" "$1"; }
 pc_metric() { curl -s "$U7/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
 if [ -d tests/server/node_modules/openai ]; then
-    start_server "$T/pc1.log" "$PORT7" --ctx 2048 --prompt-cache "$T/pc" --prompt-cache-every 64 \
+    start_server "$T/pc1.log" "$PORT7" --ctx 2048 --parallel 1 --prompt-cache "$T/pc" --prompt-cache-every 64 \
         || bad pcache-serve "did not start"
     a=$(pc_turn "$SYS" "Name a colour.")
     kill -TERM "$SPID"; wait "$SPID"; PIDS=("${PIDS[@]/$SPID}")
-    start_server "$T/pc2.log" "$PORT7" --ctx 2048 --prompt-cache "$T/pc" --prompt-cache-every 64 \
+    start_server "$T/pc2.log" "$PORT7" --ctx 2048 --parallel 1 --prompt-cache "$T/pc" --prompt-cache-every 64 \
         || bad pcache-serve "did not start again"
     b=$(pc_turn "$SYS" "Name a colour.")
     np=$(pc_field "$a" prompt)
@@ -729,7 +729,8 @@ if [ -d tests/server/node_modules/openai ]; then
     [ "$(pc_metric deltafin_prompt_cache_hits_total)" = 1 ] && [ "$(pc_metric deltafin_prompt_cache_tokens_restored_total)" = $((np - 1)) ] \
         && [ "$(pc_metric deltafin_prompt_cache_bytes_read_total)" -gt 0 ] \
         && ok pcache-metrics || bad pcache-metrics "$(curl -s "$U7/metrics" | grep -E 'prompt_cache|cached')"
-    # another system prompt, then the first again: from the RAM tier, no disk read
+    # another system prompt, then the first again: from the RAM tier, no disk read (one
+    # slot, so the other prompt takes the session: with more, each keeps its own)
     c=$(pc_turn "Be terse." "Name a colour.")
     read0=$(pc_metric deltafin_prompt_cache_bytes_read_total)
     d=$(pc_turn "$SYS" "Name a colour.")

@@ -39,8 +39,9 @@ static void on_done(void *user, const df_generate_result *res, int status, const
 /* Of the free slots, the one whose session holds the most useful prefix of
  * the prompt (df_batchgen evaluates at least its last token): taking a slot
  * reuses the k tokens it shares and throws away the rest it holds, so it
- * scores 3k - held (what is kept counts more than what is lost, as a later
- * turn of that slot's conversation may never come). Without a positive score,
+ * scores 4k - held: worth taking when it shares at least a quarter of what it
+ * holds (what is kept now counts more than what is lost, as a later turn of
+ * that slot's conversation may never come). Without a positive score,
  * an empty slot, else the least recently used, so that other sessions keep
  * their prompts for later. */
 static srv_slot *pick_slot(batch *b, const int32_t *ids, size_t n) {
@@ -52,7 +53,7 @@ static srv_slot *pick_slot(batch *b, const int32_t *ids, size_t n) {
         const int32_t *held = df_session_tokens(s->sess);
         int have = df_session_pos(s->sess), k = 0;
         while (k < have && (size_t)k + 1 < n && held[k] == ids[k]) k++;
-        long score = 3L * k - have;
+        long score = 4L * k - have;
         if (score > best_score || (best && score == best_score && s->used < best->used))
             best = s, best_score = score;
         if (!spare || (have == 0) > (df_session_pos(spare->sess) == 0) ||
