@@ -181,6 +181,11 @@ typedef struct df_router {
 
 void df_route_scored(const df_router *r, const float *logits, const float *bias, int E, int K, int *sel,
                      float *w, const int *forced);
+/* A MoE layer's scored router over T rows xb: logits = xb x gate, then
+ * df_route_scored per row into sel/selw ([T][K]); when `replay` and f->route
+ * is set, routing replay forces layer li's ids. */
+void df_route_scored_rows(df_fwd *f, const df_router *r, const df_weight *gate, const float *bias, int li,
+                          const float *xb, float *logits, int *sel, float *selw, int T, bool replay);
 
 /* A MoE layer's buffers for up to `rows` rows of width H through E experts
  * (top-K) of inner width I; the family's router fills sel/selw. */

@@ -191,21 +191,12 @@ static void mla(df_fwd *f, const df_batch *b, const layer *L, int li) {
 
 /* ---- feed-forward ------------------------------------------------------------------------ */
 
-/* Layer L's router on rows xb: top-k into sel/selw (routing replay when
- * `replay` and f->route is set). */
+/* Layer L's router on rows xb: top-k into sel/selw (forced by routing replay
+ * when f->route is set and `replay`). */
 static void route(df_fwd *f, const layer *L, int li, const float *xb, float *logits, int *sel, float *selw, int T,
                   bool replay) {
-    const df_config *c = &f->m->cfg;
     const fam *fm = f->m->fam;
-    int E = c->num_experts, K = c->num_experts_per_tok;
-    df_linear(f->pool, logits, xb, &L->router, T);
-    for (int t = 0; t < T; t++) {
-        int forced[K];
-        bool force = replay && f->route;
-        if (force) f->route(f->route_user, li, t, forced);
-        df_route_scored(&fm->router, logits + (size_t)t * E, L->router_bias, E, K, sel + (size_t)t * K,
-                        selw + (size_t)t * K, force ? forced : NULL);
-    }
+    df_route_scored_rows(f, &fm->router, &L->router, L->router_bias, li, xb, logits, sel, selw, T, replay);
 }
 
 /* Hands the expert source MoE layer `target`'s experts as its router picks

@@ -75,3 +75,17 @@ void df_route_scored(const df_router *r, const float *logits, const float *bias,
     if (!normed || r->scale_normed)
         for (int k = 0; k < K; k++) w[k] *= r->scaling;
 }
+
+void df_route_scored_rows(df_fwd *f, const df_router *r, const df_weight *gate, const float *bias, int li,
+                          const float *xb, float *logits, int *sel, float *selw, int T, bool replay) {
+    const df_config *c = &f->m->cfg;
+    int E = c->num_experts, K = c->num_experts_per_tok;
+    df_linear(f->pool, logits, xb, gate, T);
+    for (int t = 0; t < T; t++) {
+        int forced[K];
+        bool force = replay && f->route;
+        if (force) f->route(f->route_user, li, t, forced);
+        df_route_scored(r, logits + (size_t)t * E, bias, E, K, sel + (size_t)t * K, selw + (size_t)t * K,
+                        force ? forced : NULL);
+    }
+}
