@@ -350,6 +350,41 @@ def concurrency_md():
 
 
 md += concurrency_md()
+
+
+def dist_md():
+    """Issue 26's table (bench/sections/dist.sh): per arm, medians over repetitions of
+    tok/s, MB read from storage per token (every rank's when the summary carries
+    dist_storage_bytes_read, else rank 0's), bytes sent/received by rank 0 per token,
+    messages per token and the time waiting on ranks over the decode time, and tok/s
+    over the single-stream arm's. The dist_* names are assumed until the runtime lands."""
+    ds = [r for r in runs if r["section"] == "dist"]
+    if not ds:
+        return []
+    def med(rs, k, scale=1.0, f="{:.3f}"):
+        v = [r[k] for r in rs if r.get(k) is not None]
+        return f.format(statistics.median(v) * scale) if v else "-"
+    by = {}
+    for r in ds:
+        by.setdefault(r["arm"], []).append(r)
+    base = [r["tokens_per_s"] for r in by.get("single-stream", [])]
+    out = ["## dist (experts over several ranks with Open MPI, replay model, real routing; issue 26)", "",
+           "| arm | processes | cache per process MiB | tok/s | MB read/token | sent kB/token | received kB/token "
+           "| messages/token | waiting on ranks / decode | tok/s over single-stream |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, rs in sorted(by.items(), key=lambda kv: (kv[1][0]["ranks"], kv[0])):
+        tps = statistics.median([r["tokens_per_s"] for r in rs])
+        scope = rs[0].get("dist_read_scope", "")
+        out.append(f"| {arm} | {rs[0]['ranks']} | {rs[0]['cache_per_rank'] / 2**20:.0f} | {tps:.3f} | "
+                   f"{med(rs, 'dist_read_per_token', 1e-6, '{:.2f}')}" + (" (rank 0 only)" if scope == "rank 0 only" else "")
+                   + f" | {med(rs, 'dist_sent_per_token', 1e-3, '{:.1f}')} | {med(rs, 'dist_recv_per_token', 1e-3, '{:.1f}')} | "
+                   f"{med(rs, 'dist_messages_per_token', 1, '{:.1f}')} | {med(rs, 'dist_wait_fraction', 100, '{:.1f}%')} | "
+                   + (f"{tps / statistics.median(base):.2f}x |" if base and statistics.median(base) > 0 else "- |"))
+    if any(r.get("dist_fields_missing") for r in ds):
+        out += ["", "- NOTE: the summaries carry no dist_* fields: align bench/sections/dist.sh with the runtime's names."]
+    return out + [""]
+
+
+md += dist_md()
 BOUND_NOTE = {
     "bound": "the sweep model",
     "bound-replay": "the replay model, routing replayed from a real trace",

@@ -68,6 +68,12 @@
 #          CONC_FRACS: jobs, aggregate tokens/s and expert bytes per token from its
 #          summary. Scaled down for a try-out: CONC_NEW=8 CONC_JOBS=8 and a small
 #          replay model (RR_HIDDEN=256 RR_MOE_I=64; see docs/benchmarks.md).
+#  dist    experts over several ranks with Open MPI (issue 26; bench/sections/dist.sh):
+#          on the replay model with real routing, DIST_RANKS (2) ranks each holding
+#          1/DIST_RANKS of the experts in RAM (`mpirun ... --experts-by-rank`) against
+#          1 process streaming them at a DIST_FRAC (10) % cache and 1 process with one
+#          rank's cache: tok/s, MB read per token, bytes sent/received per token, the
+#          time waiting on ranks over the decode. Skipped without mpirun or the runtime.
 #
 # Settings (environment): REPS, PROMPT_LEN, NEW, FRACS, REPLAY_FRACS, THREADS,
 # COLD (1: drop caches before every arm), HOLD (1: in sweep and replay, every
@@ -77,7 +83,7 @@
 # itself leaves HOLD_RESERVE_MIB (64) for the rest of the system. It locks most
 # of the machine's memory, so it is off in --quick, which is meant for a shared
 # machine; HOLD_MAX caps what it locks, for trying it out), RESULTS_DIR, SECTIONS
-# ("core deepseek formats sweep replay bound k3 concurrency demo"), CONC_PAR, CONC_FRACS, CONC_REPS (REPS),
+# ("core deepseek formats sweep replay bound k3 concurrency dist demo"), DIST_* (bench/sections/dist.sh), CONC_PAR, CONC_FRACS, CONC_REPS (REPS),
 # CONC_PROMPT (16), CONC_NEW (128), CONC_JOBS, CONC_JOB_TOKENS, CONC_BATCH_PAR, CORE_REPS, DS_REPS (CORE_REPS), DS_NEW (32),
 # DS_CTX (4096), DS_PROMPT (512), SIM_GBS (0.6), BOUND_NEW (128),
 # BOUND_PROMPT (16), BOUND_FRACS ("5 10 25"), BOUND_CORE_FRACS ("10"), K3_BENCH_GIB (3.5),
@@ -110,7 +116,7 @@ COLD=${COLD:-1}
 HOLD=${HOLD:-$(q 0 1)}
 HOLD_SLACK_MIB=${HOLD_SLACK_MIB:-160}
 HOLD_RESERVE_MIB=${HOLD_RESERVE_MIB:-64}
-SECTIONS=${SECTIONS:-$(q "sweep replay bound concurrency demo" "core deepseek formats sweep replay bound k3 concurrency demo")} # core, deepseek, formats, k3: 5-10 GB models
+SECTIONS=${SECTIONS:-$(q "sweep replay bound concurrency dist demo" "core deepseek formats sweep replay bound k3 concurrency dist demo")} # core, deepseek, formats, k3: 5-10 GB models
 SIM_GBS=${SIM_GBS:-0.6}
 BOUND_NEW=${BOUND_NEW:-$(q 32 128)}
 BOUND_PROMPT=${BOUND_PROMPT:-16}
@@ -843,6 +849,12 @@ PYEOF
             done
         done
     fi
+fi
+
+# ---- dist: experts over several ranks with Open MPI (issue 26) ------------------------
+if [[ " $SECTIONS " == *" dist "* ]]; then
+    # shellcheck source=bench/sections/dist.sh
+    . bench/sections/dist.sh
 fi
 
 # ---- demo (the trained demo models, when present) -----------------------------------
