@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """dist_estimate.py - expected speed of expert parallelism over several machines
 (`mpirun -n N deltafin ... --experts-by-rank`, docs/distributed.md) for the real
-Kimi K3 and DeepSeek-V3, from their shapes (/work/shared/notes/ARCHITECTURES.md)
+Kimi K3 and DeepSeek-V3, from their shapes (shared/notes/ARCHITECTURES.md)
 and a few stated machine assumptions; optionally corrected by measured message
 sizes from `deltafin ... --stats` (--measured-json). Python 3 standard library only.
 
