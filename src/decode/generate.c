@@ -13,8 +13,9 @@
  * With the engine's prompt cache, the prefill first restores the longest
  * cached prefix of the prompt beyond what the session holds, and stores the
  * state at the prompt's end less its last token (so that the same prompt
- * again evaluates one row), at the interval's multiples, and at the end of
- * the generation (the next turn of a conversation starts with it).
+ * again evaluates one row) and at the interval's multiples once the first
+ * token is out (the write is no part of the time to the first token), and at
+ * the end of the generation (the next turn of a conversation starts with it).
  */
 #include "deltafin.h"
 
