@@ -1,3 +1,5 @@
+# aggregate.py DIR ARM... - medians (and every repetition) of bench/pcache.sh events files:
+# DIR/ARM*/{cold,restart,turn0,disk}-R.jsonl; bound = the restart's prefill_eval_s + state bytes / disk GB/s.
 import json, glob, statistics as st, sys, os
 def ev(f, kind):
     for l in open(f):
