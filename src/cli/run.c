@@ -211,7 +211,9 @@ static void run_reports(const cli_args *a, const cli_dev *dev, run_state *rs, co
                     gr->decode_s, a->io_bw, a->ram_budget, io_dec);
         if (dev && dev->prefetch_report) dev->prefetch_report(ev, a->stats, rs->e, last);
         else cli_prefetch_report(ev, a->stats, last);
-        cli_pcache_report(ev, a->stats, last);
+        cli_stats end; /* the prompt's states are stored after its first token: after the last step too */
+        cli_get_stats(rs->e, dev, &end);
+        cli_pcache_report(ev, a->stats, &end);
         if (sp && a->stats) df_spec_report(sp, stderr);
         if (sp && ev) cli_spec_events(ev, sp);
     }

@@ -206,13 +206,13 @@ static void advance(df_batchgen *g, req *q, int rows, double step_s) {
         q->next += rows;
         if (q->split && q->next % q->every == 0 && q->next < q->n_prompt - 1) df_session_cache_store(q->s, q->next);
         if (q->next < q->n_prompt) return;
-        if (q->every) store_prompt(q);
-        double now = df_now();
-        q->r.prefill_s = now - q->t_start;
+        q->r.prefill_s = df_now() - q->t_start;
         if (q->o.on_prefill) q->o.on_prefill(q->o.user, q->n_prompt - q->r.prompt_reused, q->r.prefill_s);
         q->decoding = true;
-        q->t_decode = now;
-        if (take(q, sample(g, q))) finish(g, q, DF_OK, NULL);
+        bool end = take(q, sample(g, q));
+        if (q->every) store_prompt(q); /* once the first token is out, as generate.c */
+        q->t_decode = df_now();
+        if (end) finish(g, q, DF_OK, NULL);
         else if (q->o.spec) df_spec_set_logits_hook(q->o.spec, q->o.logits_hook, q->o.hook_user);
         return;
     }

@@ -13,8 +13,9 @@
  * With the engine's prompt cache, the prefill first restores the longest
  * cached prefix of the prompt beyond what the session holds, and stores the
  * state at the prompt's end less its last token (so that the same prompt
- * again evaluates one row), at the interval's multiples, and at the end of
- * the generation (the next turn of a conversation starts with it).
+ * again evaluates one row) and at the interval's multiples once the first
+ * token is out (the write is no part of the time to the first token), and at
+ * the end of the generation (the next turn of a conversation starts with it).
  */
 #include "deltafin.h"
 
@@ -33,6 +34,7 @@ typedef struct loop {
     int nh;
     float *logits;
     int every;           /* the prompt cache's interval, 0: none */
+    int from;            /* where the prefill started (the prompt's stores are from there) */
 } loop;
 
 /* The session's rows of the prompt, and what the prompt cache has beyond
@@ -92,7 +94,7 @@ static int prefill(loop *L, const int32_t *prompt, int n, df_error *err) {
         if (!rc && split && i + k == m) df_session_cache_store(L->s, m);
     }
     df_session_set_progress(L->s, NULL, NULL);
-    if (L->every) store_prompt(L, keep, n);
+    L->from = keep; /* the prompt's states are stored once its first token is out (decode) */
     L->r->prefill_s = df_now() - t0;
     if (!rc && o->on_prefill) o->on_prefill(o->user, n - keep, L->r->prefill_s);
     return rc;
@@ -140,14 +142,19 @@ static int step(loop *L, int32_t *got, int *ng, df_error *err) {
     return DF_OK;
 }
 
-static int decode(loop *L, df_error *err) {
+/* The first token is sampled and handed to the caller before the prompt's
+ * states are written to the prompt cache (a write, fsynced, is not part of
+ * the time to the first token); the session is still at the prompt's end. */
+static int decode(loop *L, int n, df_error *err) {
     const df_generate_opts *o = L->o;
     int32_t got[17];
     int ng = 1, rc = DF_OK;
-    double t0 = df_now();
     got[0] = sample(L);
+    bool done = take(L, got, ng);
+    if (L->every) store_prompt(L, L->from, n);
+    double t0 = df_now();
     if (o->spec) df_spec_set_logits_hook(o->spec, o->logits_hook, o->hook_user);
-    while (!take(L, got, ng)) {
+    while (!done) {
         if (o->cancelled && o->cancelled(o->user)) {
             L->r->finish = DF_FINISH_CANCELLED;
             break;
@@ -156,6 +163,7 @@ static int decode(loop *L, df_error *err) {
         if ((rc = step(L, got, &ng, err))) break;
         L->r->decoded += ng;
         if (o->on_step) o->on_step(o->user, ng, df_now() - ts);
+        done = take(L, got, ng);
     }
     if (o->spec) df_spec_set_logits_hook(o->spec, NULL, NULL);
     L->r->decode_s = df_now() - t0;
@@ -179,12 +187,13 @@ int df_generate(df_session *s, const int32_t *prompt, int n, const df_generate_o
     int room = cap - n;
     loop L = {s, o, res, df_engine_info(df_session_engine(s))->vocab_size,
               o->max_new && o->max_new < room ? o->max_new : room, NULL, n, NULL,
-              df_session_cache_interval(s)};
+              df_session_cache_interval(s), -1};
     L.hist = df_xmalloc(sizeof(int32_t) * ((size_t)n + (size_t)L.limit));
     memcpy(L.hist, prompt, sizeof(int32_t) * (size_t)n);
     L.logits = df_xmalloc(sizeof(float) * (size_t)L.V);
     int rc = prefill(&L, prompt, n, err);
-    if (!rc && res->finish != DF_FINISH_CANCELLED) rc = decode(&L, err);
+    if (!rc && res->finish != DF_FINISH_CANCELLED) rc = decode(&L, n, err);
+    else if (L.every && L.from >= 0) store_prompt(&L, L.from, n);
     /* the end of the turn: the next one in a conversation starts with it */
     if (!rc && L.every && res->produced > 0) df_session_cache_store(s, df_session_pos(s));
     free(L.hist);

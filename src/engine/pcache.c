@@ -502,7 +502,19 @@ static int injected_failure(int fd) {
 }
 #endif
 
-/* Writes b under a temporary name, then renames it; 0 or an errno. */
+/* The directory's entries (a rename) on the disk; failures are ignored (a
+ * file system that cannot sync a directory still renamed). */
+static void sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    fsync(fd);
+    close(fd);
+}
+
+/* Writes b under a temporary name, syncs it, then renames it and syncs the
+ * directory: after a crash or power loss the name holds the whole file or is
+ * absent, never a renamed file whose blocks were not yet written; 0 or an
+ * errno. */
 static int write_file(df_pcache *pc, const df_pc_blob *b, const char *path) {
     char name[96];
     snprintf(name, sizeof name, ".tmp-%ld-%lx-%lu.dfpc", (long)getpid(), pc->nonce, ++pc->counter);
@@ -511,9 +523,11 @@ static int write_file(df_pcache *pc, const df_pc_blob *b, const char *path) {
     if (fd < 0) rc = errno;
     else if (!(rc = injected_failure(fd)))
         rc = df_pwrite_full(fd, b->data, b->size, 0);
+    if (!rc && fdatasync(fd) != 0) rc = errno;
     if (fd >= 0 && close(fd) != 0 && !rc) rc = errno;
     if (!rc && rename(tmp, path) != 0) rc = errno;
     if (rc) unlink(tmp);
+    else sync_dir(pc->dir);
     free(tmp);
     return rc;
 }
