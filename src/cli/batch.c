@@ -340,6 +340,7 @@ static df_engine *open_engine(const cli_args *a, int n) {
     df_engine_opts eo = cli_engine_opts(a);
     eo.describe_only = 1;
     eo.ram_budget = 0;
+    eo.experts_by_rank = 0; /* sizing only: MPI starts with the engine that runs */
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
@@ -355,6 +356,7 @@ static df_engine *open_engine(const cli_args *a, int n) {
     snprintf(what, sizeof what, "%d more sequences (--parallel)%s", n - 1, a->draft ? " and their drafters" : "");
     eo.reserve_bytes = more, eo.reserve_for = what;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
+    cli_serve_rank(e);
     if (a->ctx > df_engine_info(e)->max_context)
         cli_die("--ctx %d exceeds the model's context of %d tokens", a->ctx, df_engine_info(e)->max_context);
     return e;

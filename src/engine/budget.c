@@ -86,7 +86,7 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
     int ctx = o->context > 0 ? o->context : (c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096);
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
     e->budget_ctx = ctx;
-    df_engine_prefault(m, experts_resident, NULL);
+    if (!e->worker) df_engine_prefault(m, experts_resident, NULL); /* a worker reads experts only */
     malloc_trim(0);
     df_mem_plan *p = &e->plan;
     rss_now(&p->resident, &p->load_peak);
@@ -228,7 +228,7 @@ int df_engine_setup_streaming(df_engine *e, const df_engine_opts *o, const df_en
     }
     uint64_t cache;
     char what[300];
-    int rc = df_model_dense_to_ram(&e->model, err);
+    int rc = e->worker ? DF_OK : df_model_dense_to_ram(&e->model, err);
     if (!rc) rc = size_cache(e, o, &cache, what, sizeof what, err);
     if (rc) {
         free(dirs_buf);
