@@ -109,17 +109,18 @@ static void take_hint(worker *w, size_t bytes) {
 int df_dist_work(df_dist *d, df_error *err) {
     if (d->rank == 0) return df_fail(err, DF_ERR_ARG, "rank 0 runs the model: it is not a worker");
     worker w = {.d = d};
-    int idle_us = 20;
+    /* Short naps while rank 0 is evaluating (its next layer comes within
+     * milliseconds), long ones once it has been quiet for a while (a server
+     * between requests). */
+    double idle_since = df_now();
     for (;;) {
         int flag = 0;
         MPI_Status st;
         MPI_Iprobe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st);
         if (!flag) {
-            df_dist_nap(idle_us);
-            if (idle_us < 500) idle_us += idle_us / 4 + 1; /* longer naps while idle */
+            df_dist_nap(df_now() - idle_since < 0.2 ? 20 : 1000);
             continue;
         }
-        idle_us = 20;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
         if ((size_t)count + 4 > w.cap) w.buf = df_xrealloc(w.buf, w.cap = (size_t)count + 4);
@@ -129,6 +130,7 @@ int df_dist_work(df_dist *d, df_error *err) {
         else if (st.MPI_TAG == DF_TAG_HINT) take_hint(&w, (size_t)count);
         else if (st.MPI_TAG == DF_TAG_STEP && count == (int)sizeof(int32_t))
             d->local->ops->end_step(d->local, ((const int32_t *)w.buf)[0]);
+        idle_since = df_now();
     }
     df_moe_work_free(w.mw);
     free(w.buf);
