@@ -74,6 +74,23 @@ M=$MODELS/engine-ds
     "${COMMON[@]}" --experts-by-rank --experts "$T/pack-engine-ds-1" --expert-cache 60K >"$T/got" 2>"$T/log"
 same run-mpmd-resident-and-streamed "$T/want" "$T/got"
 
+# ---- batch jobs (continuous batching of several requests) over 3 ranks, experts
+# streamed from the safetensors under a budget on every rank
+python3 -c "
+import json
+for i in range(6):
+    print(json.dumps({'custom_id': f'j{i}', 'method': 'POST', 'url': '/v1/completions',
+                      'body': {'model': 'm', 'prompt': [5 + i, 17, 300, 9][:2 + i % 3], 'max_tokens': 10,
+                               'temperature': 0}}))" >"$T/in.jsonl"
+"$ENG" batch --model "$M" --input "$T/in.jsonl" --output "$T/b1.jsonl" --parallel 3 "${COMMON[@]}" 2>/dev/null
+"${MPI[@]}" -n 3 "$ENG" batch --model "$M" --input "$T/in.jsonl" --output "$T/b2.jsonl" --parallel 3 "${COMMON[@]}" \
+    --experts-by-rank --ram-budget 200M >/dev/null 2>"$T/log"
+texts() { python3 -c "
+import json, sys
+print(sorted((d['custom_id'], d['response']['body']['choices'][0]['text']) for d in map(json.loads, open(sys.argv[1]))))" "$1"; }
+if [ -s "$T/b1.jsonl" ] && [ "$(texts "$T/b1.jsonl")" = "$(texts "$T/b2.jsonl" 2>/dev/null)" ]; then ok batch-ranks3
+else bad batch-ranks3 "$(grep -m2 deltafin "$T/log")"; fi
+
 # ---- a rank with another model is refused by fingerprint, every rank exits non-zero
 "${MPI[@]}" -n 1 "$ENG" logits --model "$MODELS/engine-moe" --tokens 5,17 --out "$T/x" "${COMMON[@]}" \
     --experts-by-rank : -n 1 "$ENG" logits --model "$MODELS/engine-ds" --tokens 5,17 --out "$T/x" \
