@@ -48,6 +48,7 @@ int df_engine_ranks_init(df_engine *e, const df_engine_opts *o, char **experts, 
 static double rank_bandwidth(const df_engine *e, const df_engine_opts *o, const char *experts) {
     if (o->rank_bandwidth_gbs > 0) return o->rank_bandwidth_gbs * 1e9;
     if (!e->store) return 10e9; /* resident: RAM (the plan gives such a rank its share by bytes) */
+    if (df_store_sim_disk(e->store) > 0) return df_store_sim_disk(e->store); /* bench --sim-disk */
     char first[4096];
     snprintf(first, sizeof first, "%s", experts && *experts ? experts : o->model_dir);
     first[strcspn(first, ",")] = 0;
