@@ -99,6 +99,9 @@ rc=$?
 n=$(grep -c "rank 1 on host .* opened another model than rank 0" "$T/log")
 if [ $rc -ne 0 ] && [ "$n" -ge 1 ]; then ok fingerprint-refused; else bad fingerprint-refused "exit $rc: $(head -c 400 "$T/log")"; fi
 
+# a lone process (MPI's singleton, no mpirun) with no rank to own the experts
+expect_error rank0-experts-alone "^deltafin: --rank0-experts no needs other ranks to own the experts" \
+    "$ENG" logits --model "$MODELS/engine-moe" --tokens 1 --out "$T/x" --experts-by-rank --rank0-experts no
 expect_error rank0-experts-bad "^deltafin: --rank0-experts expects yes or no, got 'maybe'" \
     "$ENG" logits --model "$MODELS/engine-moe" --tokens 1 --out "$T/x" --experts-by-rank --rank0-experts maybe
 

@@ -98,7 +98,7 @@ static int exchange(df_dist *d, const df_dist_local *me, df_error *err) {
 /* Rank 0's plan on stderr: per rank its host, experts owned, bytes, weight. */
 static void print_plan(const df_dist *d, const double *w) {
     const df_config *c = &d->m->cfg;
-    fprintf(stderr, "deltafin: experts by rank: %d ranks\n", d->size);
+    fprintf(stderr, "deltafin: experts by rank: %d rank%s\n", d->size, d->size > 1 ? "s" : "");
     for (int r = 0; r < d->size; r++) {
         uint64_t n = 0, bytes = 0;
         for (int l = 0; l < c->num_hidden_layers; l++)
