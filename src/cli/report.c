@@ -132,8 +132,8 @@ void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
         split_json(ev, "", &sp);
         if (b->s.ranks > 0)
-            fprintf(ev, "\"ranks\":%d,\"rank_bytes_sent\":%llu,\"rank_bytes_received\":%llu,"
-                    "\"rank_messages\":%llu,\"rank_wait_s\":%.6f,", b->s.ranks, (unsigned long long)r_sent,
+            fprintf(ev, "\"ranks\":%d,\"dist_bytes_sent\":%llu,\"dist_bytes_recv\":%llu,"
+                    "\"dist_messages\":%llu,\"dist_wait_s\":%.6f,", b->s.ranks, (unsigned long long)r_sent,
                     (unsigned long long)r_recv, (unsigned long long)r_msgs, r_wait);
         cli_json_routing(ev, b);
         fprintf(ev, "}\n");
@@ -244,6 +244,12 @@ static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *s
             (unsigned long long)(a->s.expert_requests - st0->s.expert_requests),
             (unsigned long long)(a->s.expert_misses - st0->s.expert_misses),
             (unsigned long long)(a->s.expert_bytes_read - st0->s.expert_bytes_read));
+    /* experts by rank: rank 0's traffic and waits while decoding */
+    if (b->s.ranks > 0)
+        fprintf(ev, "\"ranks\":%d,\"dist_bytes_sent\":%llu,\"dist_bytes_recv\":%llu,\"dist_messages\":%llu,"
+                "\"dist_wait_s\":%.6f,", b->s.ranks, (unsigned long long)(b->s.rank_bytes_sent - a->s.rank_bytes_sent),
+                (unsigned long long)(b->s.rank_bytes_received - a->s.rank_bytes_received),
+                (unsigned long long)(b->s.rank_messages - a->s.rank_messages), b->s.rank_wait_s - a->s.rank_wait_s);
     cli_json_routing(ev, b);
     fprintf(ev, "}\n");
 }
