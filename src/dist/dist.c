@@ -32,6 +32,8 @@ int df_dist_init(df_dist **out, df_error *err) {
     /* naps between polls of a few tens of microseconds, not the default 50 us
      * of timer slack on top */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    /* a broken connection is an error code the caller reports, not an abort */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     df_dist *d = df_xcalloc(1, sizeof *d);
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);

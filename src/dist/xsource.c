@@ -138,6 +138,15 @@ static void build_message(dsrc *x, peer *p, int r, int layer, const float *xin, 
             memcpy(rows + (size_t)x->row_of[t] * (size_t)H, xin + (size_t)t * (size_t)H, sizeof(float) * (size_t)H);
 }
 
+/* An MPI call about rank r failed: the run ends, naming it. */
+static int mpi_failed(df_dist *d, int r, int layer, int mrc, df_error *err) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", mrc);
+    d->failed = true;
+    return df_fail(err, DF_ERR_IO, "rank %d on %s, MoE layer %d: MPI: %s", r, d->ranks[r].host, layer, msg);
+}
+
 static int ds_remote_begin(df_xsource *s, int layer, const float *xin, int *sel, int T, int K, int H,
                            df_error *err) {
     dsrc *x = (dsrc *)s;
@@ -154,8 +163,10 @@ static int ds_remote_begin(df_xsource *s, int layer, const float *xin, int *sel,
                         sizeof(float) * (size_t)p->sbuf[1] * (size_t)H;
         size_t rbytes = DF_REPLY_HDR + sizeof(float) * (size_t)p->n_ent * (size_t)H;
         if (rbytes > p->rcap) p->rbuf = df_xrealloc(p->rbuf, p->rcap = rbytes);
-        MPI_Irecv(p->rbuf, (int)rbytes, MPI_BYTE, r, DF_TAG_REPLY, MPI_COMM_WORLD, &p->rreq);
-        MPI_Isend(p->sbuf, (int)sbytes, MPI_BYTE, r, DF_TAG_LAYER, MPI_COMM_WORLD, &p->sreq);
+        int mrc = MPI_Irecv(p->rbuf, (int)rbytes, MPI_BYTE, r, DF_TAG_REPLY, MPI_COMM_WORLD, &p->rreq);
+        if (mrc == MPI_SUCCESS)
+            mrc = MPI_Isend(p->sbuf, (int)sbytes, MPI_BYTE, r, DF_TAG_LAYER, MPI_COMM_WORLD, &p->sreq);
+        if (mrc != MPI_SUCCESS) return mpi_failed(d, r, layer, mrc, err);
         p->sent_done = p->recv_done = false;
         d->st.bytes_sent += sbytes;
         d->st.messages++;
@@ -196,22 +207,29 @@ static int ds_remote_end(df_xsource *s, float *yslot, df_error *err) {
         for (int r = 1; r < d->size; r++) {
             peer *p = &x->peers[r];
             if (!p->active) continue;
-            int flag = 0;
-            if (!p->sent_done && (MPI_Test(&p->sreq, &flag, MPI_STATUS_IGNORE), flag)) p->sent_done = progress = true;
+            int flag = 0, mrc = MPI_SUCCESS;
+            if (!p->sent_done && (mrc = MPI_Test(&p->sreq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && flag)
+                p->sent_done = progress = true;
             flag = 0;
-            if (!p->recv_done && (MPI_Test(&p->rreq, &flag, MPI_STATUS_IGNORE), flag)) {
+            if (mrc == MPI_SUCCESS && !p->recv_done)
+                mrc = MPI_Test(&p->rreq, &flag, MPI_STATUS_IGNORE);
+            if (mrc != MPI_SUCCESS) {
+                rc = mpi_failed(d, r, x->layer, mrc, err);
+                break;
+            }
+            if (!p->recv_done && flag) {
                 p->recv_done = progress = true;
                 int rrc = take_reply(x, r, yslot, err);
                 if (rrc && !rc) rc = rrc;
             }
             pending |= !(p->sent_done && p->recv_done);
         }
-        if (!pending) break;
+        if (!pending || d->failed) break;
         if (df_now() > end) {
             for (int r = 1; r < d->size; r++)
                 if (x->peers[r].active && !(x->peers[r].sent_done && x->peers[r].recv_done)) {
                     d->failed = true;
-                    rc = df_fail(err, DF_ERR_IO, "rank %d on %s did not answer MoE layer %d within %.0f s", r,
+                    rc = df_fail(err, DF_ERR_IO, "rank %d on %s did not answer MoE layer %d within %g s", r,
                                  d->ranks[r].host, x->layer, d->timeout_s);
                     break;
                 }
