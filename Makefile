@@ -9,7 +9,7 @@
 CC      ?= gcc
 # B: build directory (parallel developers may each use their own: make B=build-x)
 B       ?= build
-PKGS    := liburing libpcre2-8 libutf8proc jansson libmicrohttpd libxxhash
+PKGS    := liburing libpcre2-8 libutf8proc jansson libmicrohttpd libxxhash ompi-c
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

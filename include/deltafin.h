@@ -102,6 +102,21 @@ typedef struct df_engine_opts {
      * df_batcher's work buffers of prefill_chunk rows (df_eval_multi; the
      * sessions then allocate none), and N logits rows and samplers. */
     int sessions;
+    /* Experts spread over the processes of an MPI run (README "Several
+     * machines"), for `mpirun -n N`: 1: rank 0 runs the model (attention,
+     * routers, LM head, sampling) and every rank owns a share of the routed
+     * experts (by a weighted hash over (layer, expert), weights from each
+     * rank's expert cache and drive bandwidth), each with its own expert
+     * source from these options (`experts` may contain "{rank}", replaced by
+     * the rank's number). Every rank opens the engine; a worker rank then
+     * calls df_engine_work. 0: no MPI at all. rank_timeout_s: how long rank
+     * 0 waits for a rank's answer before failing (0: 60 s).
+     * rank0_no_experts: rank 0 owns none. rank_bandwidth_gbs: this rank's
+     * drive bandwidth for the plan (0: measured on its pack). */
+    int experts_by_rank;
+    double rank_timeout_s;
+    int rank0_no_experts;
+    double rank_bandwidth_gbs;
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -126,7 +141,14 @@ typedef struct df_model_info {
 } df_model_info;
 
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
+/* Rank 0's close also tells the other ranks to stop (with experts_by_rank). */
 void df_engine_close(df_engine *eng);
+/* 1 when this process is a worker rank of an experts_by_rank run (not rank
+ * 0): it evaluates nothing itself and serves rank 0 with df_engine_work. */
+int df_engine_is_worker(const df_engine *eng);
+/* A worker rank's loop: computes its experts for rank 0 until rank 0 closes
+ * its engine. Then close the engine and exit 0. */
+int df_engine_work(df_engine *eng, df_error *err);
 const df_model_info *df_engine_info(const df_engine *eng);
 /* Bytes a session of max_context positions allocates (KV cache and buffers). */
 uint64_t df_engine_session_bytes(const df_engine *eng, int max_context);
@@ -183,6 +205,12 @@ typedef struct df_stats {
     uint64_t pcache_ram_hits, pcache_ram_bytes;
     double pcache_restore_s, pcache_store_s;
     int pcache_writes_off;
+    /* Experts over several ranks (experts_by_rank; else zero): the ranks,
+     * bytes and messages rank 0 sent to and received from the others, and
+     * its time waiting on their answers (not in experts_s). */
+    int ranks;
+    uint64_t rank_bytes_sent, rank_bytes_received, rank_messages;
+    double rank_wait_s;
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

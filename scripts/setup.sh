@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential pkg-config liburing-dev libpcre2-dev libutf8proc-dev
       libjansson-dev libmicrohttpd-dev libxxhash-dev libcmocka-dev python3 python3-numpy
-      python3-torch python3-regex libopenblas0-pthread nodejs npm curl ca-certificates gnuplot-nox)
+      python3-torch python3-regex libopenblas0-pthread nodejs npm curl ca-certificates gnuplot-nox
+      openmpi-bin libopenmpi-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do

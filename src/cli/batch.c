@@ -340,6 +340,7 @@ static df_engine *open_engine(const cli_args *a, int n) {
     df_engine_opts eo = cli_engine_opts(a);
     eo.describe_only = 1;
     eo.ram_budget = 0;
+    eo.experts_by_rank = 0; /* sizing only: MPI starts with the engine that runs */
     df_engine *e;
     df_error err;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
@@ -355,6 +356,7 @@ static df_engine *open_engine(const cli_args *a, int n) {
     snprintf(what, sizeof what, "%d more sequences (--parallel)%s", n - 1, a->draft ? " and their drafters" : "");
     eo.reserve_bytes = more, eo.reserve_for = what;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
+    cli_serve_rank(e);
     if (a->ctx > df_engine_info(e)->max_context)
         cli_die("--ctx %d exceeds the model's context of %d tokens", a->ctx, df_engine_info(e)->max_context);
     return e;
@@ -377,12 +379,15 @@ int cli_batch_main(int argc, char **argv) {
     if (a.draft && strcmp(a.draft, "lookup") != 0)
         cli_die("batch: --draft takes lookup only (a draft model would be loaded once per --parallel slot)");
     run r = {.a = &a};
+    /* Experts by rank: every rank opens the engine first, and only rank 0
+     * goes on to the input and output (the workers serve it and exit). */
+    if (a.experts_by_rank) r.eng = open_engine(&a, a.parallel);
     batch_read_input(a.input, &r.in);
     r.done = df_xcalloc((size_t)(r.in.n ? r.in.n : 1), sizeof *r.done);
     r.fd = batch_open_output(a.output, &r.in, r.done);
     for (int i = 0; i < r.in.n; i++) r.skipped += r.done[i] && r.in.jobs[i].status != -1, r.todo += !r.done[i];
     r.n_slots = a.parallel < r.todo ? a.parallel : r.todo > 0 ? r.todo : 1;
-    r.eng = open_engine(&a, r.n_slots);
+    if (!r.eng) r.eng = open_engine(&a, r.n_slots);
     r.info = df_engine_info(r.eng);
     r.ctx = a.ctx ? a.ctx : (r.info->max_context < 4096 ? r.info->max_context : 4096);
     snprintf(r.model_id, sizeof r.model_id, "%s", a.model); /* its last path element, as serve names it */

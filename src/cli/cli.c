@@ -76,6 +76,16 @@ static int set_pc_ram(const cli_opt *o, void *dst, const char *v) {
     return 0;
 }
 
+static int set_rank0_experts(const cli_opt *o, void *dst, const char *v) {
+    (void)o;
+    if (strcmp(v, "yes") && strcmp(v, "no")) {
+        cli_error("--rank0-experts expects yes or no, got '%s'", v);
+        return 1;
+    }
+    A(dst)->rank0_no_experts = !strcmp(v, "no");
+    return 0;
+}
+
 /* ---- the table --------------------------------------------------------------------- */
 
 const cli_opt CLI_OPTS[] = {
@@ -113,6 +123,16 @@ const cli_opt CLI_OPTS[] = {
      "project's test machine it has not paid yet; docs/prefetch.md)", cli_set_str, F(prefetch), 0, 0},
     {"--pin", "SIZE", "pinned tier: the hottest experts by the heat histogram kept next\n"
      "to the pack (experts.heat) are read at start-up and never evicted", cli_set_size, F(pin), 0, 0},
+    {"--experts-by-rank", NULL, "under mpirun: rank 0 runs the model, every rank computes its\n"
+     "share of the routed experts from its own expert source (its own\n"
+     "--experts, \"{rank}\" replaced by its number; README: Several\n"
+     "machines)", cli_set_true, F(experts_by_rank), 0, 0},
+    {"--rank-timeout", "S", "--experts-by-rank: seconds rank 0 waits for a rank's answer\n"
+     "before failing (default 60)", cli_set_float, F(rank_timeout), 0, 0},
+    {"--rank0-experts", "yes|no", "--experts-by-rank: whether rank 0 owns experts too (default yes)",
+     set_rank0_experts, 0, 0, 0},
+    {"--rank-bandwidth", "GB/S", "--experts-by-rank: this rank's drive bandwidth for the plan\n"
+     "(default: measured on its pack)", cli_set_float, F(rank_bw), 0, 0},
     {"--prompt-cache", "DIR", "keep session states in DIR, keyed by the model and the tokens\n"
      "before them: a prompt that starts like an earlier one (also\n"
      "after a restart, or from another process) prefills only the\n"
@@ -249,6 +269,7 @@ const char CLI_BENCH_ONLY[] = "--replay-routing --sim-disk --prefetch-depth --pr
 #define PCACHE_NAMES "--prompt-cache --prompt-cache-size --prompt-cache-every"
 #define SAMPLING_NAMES "--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n"
 #define DRAFT_NAMES "--draft --draft-k --lookup-n --draft-rejection"
+#define RANK_SECTION {"experts by rank (mpirun)", "--experts-by-rank --rank-timeout --rank0-experts --rank-bandwidth"}
 
 const cli_section CLI_RUN_SECTIONS[] = {
     {NULL, "--model --prompt --prompt-tokens --chat --system --no-think --think"},
@@ -257,12 +278,14 @@ const cli_section CLI_RUN_SECTIONS[] = {
     {"prompt cache", PCACHE_NAMES},
     {"output", "--print-ids --stats --events --io-bw"},
     {"speculative decoding", DRAFT_NAMES},
+    RANK_SECTION,
     {0},
 };
 
 const cli_section CLI_LOGITS_SECTIONS[] = {
     {NULL, "--model --tokens --out --batch"},
     {"engine", ENGINE_NAMES},
+    RANK_SECTION,
     {0},
 };
 
@@ -273,6 +296,7 @@ const cli_section CLI_SERVE_SECTIONS[] = {
     {"engine", ENGINE_NAMES},
     {"prompt cache", PCACHE_NAMES " --prompt-cache-ram"},
     {"speculative decoding (every request)", DRAFT_NAMES},
+    RANK_SECTION,
     {0},
 };
 
@@ -282,6 +306,7 @@ const cli_section CLI_BATCH_SECTIONS[] = {
     {"engine", ENGINE_NAMES},
     {"prompt cache", PCACHE_NAMES},
     {"speculative decoding (every job; lookup only)", DRAFT_NAMES},
+    RANK_SECTION,
     {0},
 };
 
@@ -309,7 +334,9 @@ df_engine_opts cli_engine_opts(const cli_args *a) {
                             .pin_bytes = a->pin, .prefill_chunk = a->chunk, .prefetch = a->prefetch,
                             .describe_only = a->describe_only, .prompt_cache = a->prompt_cache,
                             .prompt_cache_size = a->prompt_cache_size,
-                            .prompt_cache_every = a->prompt_cache_every};
+                            .prompt_cache_every = a->prompt_cache_every,
+                            .experts_by_rank = a->experts_by_rank, .rank_timeout_s = a->rank_timeout,
+                            .rank0_no_experts = a->rank0_no_experts, .rank_bandwidth_gbs = a->rank_bw};
 }
 
 void cli_die_err(const df_error *e) {
@@ -365,7 +392,17 @@ df_engine *cli_open_engine(const cli_args *a, const cli_dev *dev) {
     if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) cli_die_err(&err);
     df_engine *e;
     if (dev && dev->open ? dev->open(&e, &eo, a, &err) : df_engine_open(&e, &eo, &err)) cli_die_err(&err);
+    cli_serve_rank(e);
     int max = df_engine_info(e)->max_context;
     if (a->ctx > max) cli_die("--ctx %d exceeds the model's context of %d tokens", a->ctx, max);
     return e;
+}
+
+void cli_serve_rank(df_engine *e) {
+    if (!df_engine_is_worker(e)) return;
+    df_error err;
+    int rc = df_engine_work(e, &err);
+    df_engine_close(e);
+    if (rc) cli_die_err(&err);
+    exit(0);
 }

@@ -26,6 +26,10 @@ typedef struct cli_args {
     uint64_t prompt_cache_size;
     int64_t prompt_cache_ram;
     int prompt_cache_every;
+    /* experts by rank (mpirun) */
+    bool experts_by_rank;
+    float rank_timeout, rank_bw;
+    int rank0_no_experts;
     bool describe_only; /* inspect: open without reading weights ahead */
     bool config_only;   /* inspect: config.json alone */
     uint64_t ram;       /* inspect --config-only: the machine's RAM */
@@ -74,6 +78,9 @@ void cli_args_init(cli_args *a);
 df_engine_opts cli_engine_opts(const cli_args *a);
 /* Comma- or space-separated token ids; dies naming flag on bad input. */
 int32_t *cli_parse_ids(const char *flag, const char *s, int *n);
+/* On a worker rank of --experts-by-rank: serves rank 0 until it closes,
+ * then exits (0, or 2 after an error); otherwise returns. */
+void cli_serve_rank(df_engine *e);
 /* "deltafin: MSG", exit 1 out of memory, else 2. */
 void cli_die_err(const df_error *e) __attribute__((noreturn));
 

@@ -52,13 +52,14 @@ void cli_json_routing(FILE *f, const cli_stats *b) {
 /* Where the evaluation time between snapshots a and b went (df_stats' blocks;
  * `other` is what is left of eval_s). */
 typedef struct split {
-    double kda, attn, ffn, experts, wait, other, eval;
+    double kda, attn, ffn, experts, wait, other, eval, ranks; /* ranks: waiting on other ranks */
 } split;
 
 static split split_of(const cli_stats *a, const cli_stats *b) {
     split s = {b->s.kda_s - a->s.kda_s, b->s.attn_s - a->s.attn_s, b->s.ffn_s - a->s.ffn_s,
-               b->s.experts_s - a->s.experts_s, b->s.read_wait_s - a->s.read_wait_s, 0, b->s.eval_s - a->s.eval_s};
-    double known = s.kda + s.attn + s.ffn + s.experts + s.wait;
+               b->s.experts_s - a->s.experts_s, b->s.read_wait_s - a->s.read_wait_s, 0, b->s.eval_s - a->s.eval_s,
+               b->s.rank_wait_s - a->s.rank_wait_s};
+    double known = s.kda + s.attn + s.ffn + s.experts + s.wait + s.ranks;
     s.other = s.eval > known ? s.eval - known : 0.0;
     return s;
 }
@@ -71,7 +72,20 @@ static void split_text(const char *what, const split *s, int rows) {
     fprintf(stderr, "  per token, %s (eval %.3f ms):", what, 1e3 * s->eval / rows);
     for (int i = 0; i < 6; i++)
         fprintf(stderr, "%s %s %.3f ms (%.1f%%)", i ? "," : "", name[i], 1e3 * v[i] / rows, 100.0 * v[i] / s->eval);
+    if (s->ranks > 0)
+        fprintf(stderr, ", waiting on ranks %.3f ms (%.1f%%)", 1e3 * s->ranks / rows, 100.0 * s->ranks / s->eval);
     fprintf(stderr, "\n");
+}
+
+/* "  ranks: 3; per decoded token sent ..., received ..., N messages, waiting ..." */
+static void ranks_text(const cli_stats *a, const cli_stats *b, int n_dec) {
+    if (b->s.ranks < 1 || n_dec <= 0) return;
+    double n = n_dec;
+    fprintf(stderr, "  experts by rank: %d ranks; per decoded token rank 0 sent %.1f kB, received %.1f kB in %.1f "
+            "messages, waited %.3f ms on ranks\n", b->s.ranks,
+            (double)(b->s.rank_bytes_sent - a->s.rank_bytes_sent) / 1e3 / n,
+            (double)(b->s.rank_bytes_received - a->s.rank_bytes_received) / 1e3 / n,
+            (double)(b->s.rank_messages - a->s.rank_messages) / n, 1e3 * (b->s.rank_wait_s - a->s.rank_wait_s) / n);
 }
 
 /* "PREFIXkda_s":..,... (seconds over the phase), each followed by a comma */
@@ -97,6 +111,13 @@ void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats
                 what, secs, secs > 0 ? rows / secs : 0.0, (double)bytes / 1e6,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0, (unsigned long long)hits,
                 (unsigned long long)miss, (unsigned long long)pf_hits, wait, compute);
+    uint64_t r_sent = b->s.rank_bytes_sent - a->s.rank_bytes_sent;
+    uint64_t r_recv = b->s.rank_bytes_received - a->s.rank_bytes_received;
+    uint64_t r_msgs = b->s.rank_messages - a->s.rank_messages;
+    double r_wait = b->s.rank_wait_s - a->s.rank_wait_s;
+    if (text && strcmp(what, "token") == 0 && b->s.ranks > 0)
+        fprintf(stderr, "        ranks: sent %.1f kB received %.1f kB in %llu messages, waited %.3f ms\n",
+                (double)r_sent / 1e3, (double)r_recv / 1e3, (unsigned long long)r_msgs, 1e3 * r_wait);
     split sp = split_of(a, b);
     if (text && strcmp(what, "prefill") == 0) split_text("prefill", &sp, rows);
     if (ev) {
@@ -110,6 +131,10 @@ void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats
                 (unsigned long long)pf_waste, wait, compute,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
         split_json(ev, "", &sp);
+        if (b->s.ranks > 0)
+            fprintf(ev, "\"ranks\":%d,\"dist_bytes_sent\":%llu,\"dist_bytes_recv\":%llu,"
+                    "\"dist_messages\":%llu,\"dist_wait_s\":%.6f,", b->s.ranks, (unsigned long long)r_sent,
+                    (unsigned long long)r_recv, (unsigned long long)r_msgs, r_wait);
         cli_json_routing(ev, b);
         fprintf(ev, "}\n");
     }
@@ -219,6 +244,12 @@ static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *s
             (unsigned long long)(a->s.expert_requests - st0->s.expert_requests),
             (unsigned long long)(a->s.expert_misses - st0->s.expert_misses),
             (unsigned long long)(a->s.expert_bytes_read - st0->s.expert_bytes_read));
+    /* experts by rank: rank 0's traffic and waits while decoding */
+    if (b->s.ranks > 0)
+        fprintf(ev, "\"ranks\":%d,\"dist_bytes_sent\":%llu,\"dist_bytes_recv\":%llu,\"dist_messages\":%llu,"
+                "\"dist_wait_s\":%.6f,", b->s.ranks, (unsigned long long)(b->s.rank_bytes_sent - a->s.rank_bytes_sent),
+                (unsigned long long)(b->s.rank_bytes_received - a->s.rank_bytes_received),
+                (unsigned long long)(b->s.rank_messages - a->s.rank_messages), b->s.rank_wait_s - a->s.rank_wait_s);
     cli_json_routing(ev, b);
     fprintf(ev, "}\n");
 }
@@ -246,6 +277,7 @@ void cli_summary(FILE *ev, bool text, const df_model_info *info, const cli_stats
                     b->d.sim_disk_bps > 0 ? "(simulated disk)" : "measured", tps / bound);
         split dec = split_of(a, b);
         split_text("decode", &dec, n_dec);
+        ranks_text(a, b, n_dec);
         fprintf(stderr, "  active weights %.1f MB/token; peak RSS %.1f MiB; %s, %d threads\n",
                 (double)info->bytes_active_per_token / 1e6, (double)peak_rss_bytes() / 1048576.0,
                 info->isa, info->n_threads);

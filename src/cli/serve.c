@@ -120,6 +120,7 @@ static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, d
         }
     }
     if (dev && dev->open ? dev->open(eng, &eo, a, &err) : df_engine_open(eng, &eo, &err)) return start_failed(&err);
+    cli_serve_rank(*eng); /* a worker rank of --experts-by-rank serves rank 0, not HTTP */
     int max = df_engine_info(*eng)->max_context;
     if (a->ctx > max) { /* as `deltafin run` does: a context the model cannot use */
         fprintf(stderr, "deltafin: --ctx %d exceeds the model's context of %d tokens\n", a->ctx, max);

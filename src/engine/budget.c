@@ -28,6 +28,12 @@ static uint64_t sessions_bytes(const df_model *m, int ctx, int chunk, int n) {
                       chunk > 0 ? work_bytes(m, chunk, ctx) : 0);
 }
 
+/* The sessions' bytes this process holds: none on a worker rank of experts
+ * by rank (it computes experts for rank 0, whose sessions they are). */
+static uint64_t sessions_here(const df_engine *e, int ctx, int chunk, int n) {
+    return e->worker ? 0 : sessions_bytes(&e->model, ctx, chunk, n);
+}
+
 /* What the memory estimate leaves room for beyond the weights, the tokenizer,
  * one session and the expert slots: allocator slack, thread stacks and code
  * paged in later (SLACK_FIXED), the caller's logits row, the sampler's
@@ -86,7 +92,7 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
     int ctx = o->context > 0 ? o->context : (c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096);
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
     e->budget_ctx = ctx;
-    df_engine_prefault(m, experts_resident, NULL);
+    if (!e->worker) df_engine_prefault(m, experts_resident, NULL); /* a worker reads experts only */
     malloc_trim(0);
     df_mem_plan *p = &e->plan;
     rss_now(&p->resident, &p->load_peak);
@@ -100,7 +106,7 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
     p->reserve = o->reserve_bytes;
     p->context = ctx;
     p->sessions = n;
-    p->session = sessions_bytes(m, ctx, e->chunk, n);
+    p->session = sessions_here(e, ctx, e->chunk, n);
     p->available = mem_available();
 }
 
@@ -122,11 +128,11 @@ static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df
      * buffers take at most a quarter of what the weights and the KV cache
      * leave, the rest going to expert slots. */
     if (e->chunk > p->context) e->chunk = p->context;
-    uint64_t fixed = plan_total(p, sessions_bytes(m, p->context, 0, p->sessions));
+    uint64_t fixed = plan_total(p, sessions_here(e, p->context, 0, p->sessions));
     if (!o->prefill_chunk && fixed < budget)
         while (e->chunk > 16 && work_bytes(m, e->chunk, p->context) > (budget - fixed) / 4)
             e->chunk /= 2;
-    p->session = sessions_bytes(m, p->context, e->chunk, p->sessions);
+    p->session = sessions_here(e, p->context, e->chunk, p->sessions);
     uint64_t need = plan_total(p, p->session);
     if (need >= budget) {
         char what[800], ctx[80];
@@ -228,7 +234,7 @@ int df_engine_setup_streaming(df_engine *e, const df_engine_opts *o, const df_en
     }
     uint64_t cache;
     char what[300];
-    int rc = df_model_dense_to_ram(&e->model, err);
+    int rc = e->worker ? DF_OK : df_model_dense_to_ram(&e->model, err);
     if (!rc) rc = size_cache(e, o, &cache, what, sizeof what, err);
     if (rc) {
         free(dirs_buf);

@@ -60,6 +60,11 @@ static int pick_isa_threads(const df_engine_opts *opts, df_isa *isa, int *nt, df
     return DF_OK;
 }
 
+typedef struct {
+    df_isa isa;
+    int nt;
+} isa_nt;
+
 /* The model, its generation config and its tokenizer; on failure nothing is kept. */
 static int load_checkpoint(df_engine *e, const char *dir, df_error *err) {
     int rc = df_model_load(&e->model, dir, err);
@@ -103,12 +108,13 @@ static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engi
     }
     /* resident experts are all read from the mapping anyway: their scales are
      * checked once here (streamed ones where the pack writer copies them) */
+    bool in_place = opts->describe_only || e->worker; /* a worker reads no always-active weight */
     if (!e->store && !opts->describe_only && c->num_experts > 0 &&
         (rc = df_expert_check_all_scales(&e->model.experts, e->model.st, err))) {
         df_engine_free_replay(e);
         return rc;
     }
-    if (!e->store && !opts->describe_only) df_engine_resident_weights(&e->model);
+    if (!e->store && !in_place) df_engine_resident_weights(&e->model);
     if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
     return DF_OK;
 }
@@ -141,34 +147,48 @@ static void fill_info(df_engine *e, df_isa isa, int nt) {
     in->default_top_k = e->gen.top_k;
 }
 
-int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
-    *out = NULL;
-    if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
-    int rc = check_experts(opts->experts, err);
+/* What df_engine_open_dev does after the checkpoint is loaded: the expert
+ * source, the thread pool, the ranks, the prompt cache. */
+static int open_rest(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, isa_nt in,
+                     const char *experts, df_error *err) {
+    df_engine_opts o = *opts;
+    o.experts = experts;
+    int rc = setup_experts(e, &o, dev, err);
     if (rc) return rc;
-    df_isa isa = (df_isa)0;
-    int nt = 0;
-    if ((rc = pick_isa_threads(opts, &isa, &nt, err))) return rc;
-    df_engine *e = df_xcalloc(1, sizeof *e);
-    e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
-    if ((rc = load_checkpoint(e, opts->model_dir, err))) {
-        free(e);
-        return rc;
-    }
-    if ((rc = setup_experts(e, opts, dev, err))) {
-        df_tokenizer_free(e->tok);
-        df_model_free(&e->model);
-        free(e);
-        return rc;
-    }
     const df_config *c = &e->model.cfg;
     for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
     for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
         add_stop(e, df_tokenizer_find(e->tok, *st));
     e->chat = df_chat_template_for_tokenizer(c->arch->chat, e->tok);
-    e->pool = df_pool_new(nt);
-    fill_info(e, isa, nt);
-    if ((rc = df_engine_setup_pcache(e, opts, err))) {
+    e->pool = df_pool_new(in.nt);
+    fill_info(e, in.isa, in.nt);
+    if (e->dist && (rc = df_engine_ranks_start(e, &o, experts, err))) return rc;
+    return e->worker ? DF_OK : df_engine_setup_pcache(e, &o, err);
+}
+
+int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
+    *out = NULL;
+    if (!opts || !opts->model_dir) return df_fail(err, DF_ERR_ARG, "no model directory given");
+    int rc = check_experts(opts->experts, err);
+    if (rc) return rc;
+    isa_nt in = {(df_isa)0, 0};
+    if ((rc = pick_isa_threads(opts, &in.isa, &in.nt, err))) return rc;
+    df_engine *e = df_xcalloc(1, sizeof *e);
+    e->chunk = opts->prefill_chunk ? opts->prefill_chunk : DF_DEFAULT_CHUNK;
+    char *experts = NULL;
+    if (opts->experts_by_rank && (rc = df_engine_ranks_init(e, opts, &experts, err))) {
+        free(e);
+        return rc;
+    }
+    if ((rc = load_checkpoint(e, opts->model_dir, err))) {
+        df_engine_close_ranks(e);
+        free(experts);
+        free(e);
+        return rc;
+    }
+    rc = open_rest(e, opts, dev, in, experts ? experts : opts->experts, err);
+    free(experts);
+    if (rc) {
         df_engine_close(e);
         return rc;
     }
@@ -184,6 +204,7 @@ void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->experts) e->experts->ops->close(e->experts); /* the store's closes the store */
     df_engine_free_replay(e);
+    df_engine_close_ranks(e); /* rank 0 tells the workers to stop */
     df_pcache_close(e->pcache);
     df_pool_free(e->pool);
     df_tokenizer_free(e->tok);
@@ -210,6 +231,8 @@ void df_engine_stats(const df_engine *e, df_stats *o) {
     o->experts_s = e->block_s[DF_BLK_EXPERTS];
     df_engine_mem_stats(e, o);
     df_engine_pcache_stats(e, o);
+    df_engine_ranks_stats(e, o);
+    o->experts_s = o->experts_s > o->rank_wait_s ? o->experts_s - o->rank_wait_s : 0.0; /* waits on ranks */
     if (!e->store) return;
     df_store_stats s = df_store_get_stats(e->store);
     o->read_wait_s = s.wait_s;

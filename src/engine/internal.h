@@ -61,6 +61,10 @@ struct df_engine {
     int *replay_layer;    /* [layers] MoE ordinal of each model layer, -1 dense */
     uint64_t replay_next; /* trace token the next evaluated row uses */
     df_pcache *pcache;    /* the prompt cache, or NULL */
+    /* experts by rank (ranks.c): the MPI run, or NULL; worker: this process
+     * is not rank 0 (it holds no always-active weights in RAM) */
+    struct df_dist *dist;
+    bool worker;
     int pc_every;         /* prompt positions stored: multiples of this */
 };
 
@@ -103,6 +107,18 @@ void df_engine_mem_stats(const df_engine *e, df_stats *o);
 int df_engine_setup_pcache(df_engine *e, const df_engine_opts *o, df_error *err);
 /* The prompt cache's fields of df_stats. */
 void df_engine_pcache_stats(const df_engine *e, df_stats *o);
+
+/* ---- ranks.c: experts by rank (src/dist/) ------------------------------------------ */
+
+/* MPI and this rank (opts->experts_by_rank), before the model opens; *experts
+ * is opts->experts with "{rank}" replaced (malloc'ed, or NULL). */
+int df_engine_ranks_init(df_engine *e, const df_engine_opts *o, char **experts, df_error *err);
+/* The start-up exchange and the plan, once the expert source is open. */
+int df_engine_ranks_start(df_engine *e, const df_engine_opts *o, const char *experts, df_error *err);
+/* Rank 0 tells the workers to stop; MPI is finalized (NULL dist: nothing). */
+void df_engine_close_ranks(df_engine *e);
+/* The fields of df_stats. */
+void df_engine_ranks_stats(const df_engine *e, df_stats *o);
 
 /* ---- replay.c: routing replay (benchmarks and tests) ------------------------------- */
 

@@ -1,10 +1,10 @@
 /*
  * engine/pcache_session.c - the prompt cache for sessions (deltafin.h,
- * "prompt cache"): the model's fingerprint, restoring the longest cached
+ * "prompt cache"): restoring the longest cached
  * prefix of a prompt into a session (the chain of segments from the root up)
  * and storing a session's state at a position as the segment after the
  * longest cached prefix of its tokens. The files and the RAM tier are
- * pcache.c's.
+ * pcache.c's; the model's fingerprint is model/fingerprint.c's.
  */
 #include "engine/internal.h"
 
@@ -15,69 +15,12 @@
 #include <time.h>
 #include <xxhash.h>
 
-/* ---- the model's fingerprint ------------------------------------------------------------- */
-
-static void fp_u64(XXH3_state_t *st, uint64_t v) {
-    uint8_t b[8];
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-    XXH3_128bits_update(st, b, 8);
-}
-
-/* Three 64-byte samples of t (offset, bytes), read with pread: a touched page
- * of the mapping would stay in the RSS. */
-static int fp_samples(XXH3_state_t *st, const df_st *sf, const df_tensor *t, df_error *err) {
-    uint64_t len = t->nbytes < 64 ? t->nbytes : 64;
-    uint64_t offs[3] = {0, (t->nbytes / 2) & ~(uint64_t)63, t->nbytes - len};
-    for (int s = 0; s < 3; s++) {
-        uint8_t buf[64];
-        if (offs[s] + len > t->nbytes) offs[s] = t->nbytes - len;
-        ssize_t got = df_pread_full(df_st_file_fd(sf, t->file), buf, (size_t)len, t->file_offset + offs[s]);
-        if (got != (ssize_t)len)
-            return df_fail(err, DF_ERR_IO, "%s: tensor '%s': %s", df_st_file_path(sf, t->file), t->name,
-                           got < 0 ? strerror(errno) : "unexpected end of file");
-        fp_u64(st, offs[s]);
-        XXH3_128bits_update(st, buf, (size_t)len);
-    }
-    return DF_OK;
-}
-
-/* XXH3-128 over config.json's bytes, every tensor's name, dtype and shape,
- * and samples of every always-active tensor's bytes and of some experts':
- * two checkpoints that differ only in their numbers (a fine-tune) differ
- * here, at the cost of a few small reads. */
-static int fingerprint(const df_model *m, const char *dir, uint8_t out[16], df_error *err) {
-    char *path = df_path_join(dir, "config.json"), *cfg;
-    size_t clen;
-    int rc = df_read_file(path, &cfg, &clen, err);
-    free(path);
-    if (rc) return rc;
-    XXH3_state_t st;
-    XXH3_128bits_reset(&st);
-    static const char magic[] = "deltafin-prompt-cache-fingerprint v1\n";
-    XXH3_128bits_update(&st, magic, sizeof magic - 1);
-    fp_u64(&st, clen);
-    XXH3_128bits_update(&st, cfg, clen);
-    free(cfg);
-    size_t n = df_st_count(m->st);
-    for (size_t i = 0; i < n && !rc; i++) {
-        const df_tensor *t = df_st_at(m->st, i);
-        XXH3_128bits_update(&st, t->name, strlen(t->name) + 1);
-        fp_u64(&st, (uint64_t)t->dtype);
-        fp_u64(&st, (uint64_t)t->ndim);
-        for (int d = 0; d < t->ndim; d++) fp_u64(&st, (uint64_t)t->shape[d]);
-        if (t->nbytes && (!m->is_expert[i] || i % 61 == 0)) rc = fp_samples(&st, m->st, t, err);
-    }
-    XXH128_hash_t h = XXH3_128bits_digest(&st);
-    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(h.high64 >> (8 * i)), out[8 + i] = (uint8_t)(h.low64 >> (8 * i));
-    return rc;
-}
-
 int df_engine_setup_pcache(df_engine *e, const df_engine_opts *o, df_error *err) {
     if (!o->prompt_cache || !*o->prompt_cache) return DF_OK;
     if (o->prompt_cache_every < 0)
         return df_fail(err, DF_ERR_ARG, "prompt cache: interval %d is negative", o->prompt_cache_every);
     uint8_t fp[16];
-    int rc = fingerprint(&e->model, o->model_dir, fp, err);
+    int rc = df_model_fingerprint(&e->model, o->model_dir, fp, err);
     if (rc) return rc;
     e->pc_every = o->prompt_cache_every ? o->prompt_cache_every : DF_PC_DEFAULT_EVERY;
     return df_pcache_open(&e->pcache, o->prompt_cache, o->prompt_cache_size, o->prompt_cache_ram, fp, err);

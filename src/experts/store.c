@@ -407,7 +407,7 @@ static void xs_predict(df_xsource *x, int layer, const int *sel, int n) { df_sto
 static void xs_close(df_xsource *x) { df_store_close((df_store *)x); }
 
 static const df_xsource_ops STORE_OPS = {xs_begin, xs_next, xs_end_layer, xs_end_step, xs_depth, xs_predict,
-                                         xs_close};
+                                         xs_close, NULL, NULL};
 
 df_xsource *df_store_xsource(df_store *s) { return &s->base; }
 

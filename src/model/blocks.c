@@ -307,7 +307,7 @@ uint64_t df_moe_work_bytes(int rows, int H, int E, int K, int I) {
     uint64_t R = (uint64_t)rows;
     return sizeof(float) * R * (4 * (uint64_t)H + 2 * (uint64_t)I + 2 * (uint64_t)E + 2 * (uint64_t)K +
                                 (uint64_t)K * (uint64_t)H) +
-           sizeof(int) * R * (2 * (uint64_t)K + 1);
+           sizeof(int) * R * (3 * (uint64_t)K + 1);
 }
 
 df_moe_work *df_moe_work_new(int rows, int H, int E, int K, int I) {
@@ -315,6 +315,7 @@ df_moe_work *df_moe_work_new(int rows, int H, int E, int K, int I) {
     size_t R = (size_t)rows;
     *w = (df_moe_work){.rows = rows, .H = H, .E = E, .K = K, .I = I};
     w->sel = df_xcalloc(R * (size_t)K, sizeof(int));
+    w->lsel = df_xcalloc(R * (size_t)K, sizeof(int));
     w->selw = df_aligned_alloc(sizeof(float) * R * (size_t)K);
     w->xg = df_aligned_alloc(sizeof(float) * R * (size_t)H);
     w->yg = df_aligned_alloc(sizeof(float) * R * (size_t)H);
@@ -331,7 +332,7 @@ df_moe_work *df_moe_work_new(int rows, int H, int E, int K, int I) {
 
 void df_moe_work_free(df_moe_work *w) {
     if (!w) return;
-    free(w->sel); free(w->selw); free(w->xg); free(w->yg); free(w->grow);
+    free(w->sel); free(w->lsel); free(w->selw); free(w->xg); free(w->yg); free(w->grow);
     free(w->hg); free(w->hu); free(w->yslot);
     free(w->pxb); free(w->prouter); free(w->psel); free(w->pselw);
     free(w);
@@ -348,7 +349,8 @@ int df_moe_after(const df_config *c, int li, int n) {
 static int distinct_experts(const int *sel, int n, int E, int *need, int *count) {
     int used[E];
     memset(used, 0, sizeof used);
-    for (int i = 0; i < n; i++) used[sel[i]]++;
+    for (int i = 0; i < n; i++)
+        if (sel[i] >= 0) used[sel[i]]++; /* -1: a slot computed elsewhere */
     int n_need = 0;
     for (int e = 0; e < E; e++)
         if (used[e]) count[n_need] = used[e], need[n_need++] = e;
@@ -414,15 +416,15 @@ static void job_down(void *vctx, int begin, int end) {
 /* Gathers the rows routed to each expert of the job (a row appears once per
  * top-k slot that chose the expert, so a repeated id under routing replay is
  * computed per slot), runs the job, and files each output under its slot. */
-static void run_job(df_pool *p, df_moe_work *mw, const int *ids, const df_expert_w *w, int n_exp,
-                    const float *xin, int T) {
+static void run_job(df_pool *p, df_moe_work *mw, const int *sel, const int *ids, const df_expert_w *w,
+                    int n_exp, const float *xin, int T) {
     int K = mw->K, H = mw->H;
     int off[n_exp], cnt[n_exp], g = 0;
     for (int j = 0; j < n_exp; j++) {
         off[j] = g;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)
-                if (mw->sel[t * K + k] == ids[j]) {
+                if (sel[t * K + k] == ids[j]) {
                     memcpy(mw->xg + (size_t)g * H, xin + (size_t)t * H, sizeof(float) * (size_t)H);
                     mw->grow[g++] = t * K + k;
                 }
@@ -451,20 +453,15 @@ static void combine(const df_moe_work *mw, float *out, int T) {
     }
 }
 
-int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *out, int T, int K,
-                   df_lookahead_fn lookahead, void *user, df_error *err) {
-    int E = mw->E;
+int df_moe_compute(df_pool *p, df_xsource *src, df_moe_work *mw, int li, const int *sel, const float *xin,
+                   int T, void (*queued)(void *ctx), void *ctx, df_error *err) {
+    int E = mw->E, K = mw->K;
     int need[E], count[E];
-    df_blk outer = df_blk_enter(f, DF_BLK_EXPERTS);
-    int n_need = distinct_experts(mw->sel, T * K, E, need, count);
-    df_xsource *src = f->experts;
+    int n_need = distinct_experts(sel, T * K, E, need, count);
     /* All reads are requested at once; experts come back resident-first. */
     int rc = src->ops->begin_layer(src, li, need, n_need, err);
-    if (rc) {
-        df_blk_enter(f, outer);
-        return rc;
-    }
-    if (lookahead) lookahead(f, li, T, user);
+    if (rc) return rc;
+    if (queued) queued(ctx);
     int cap = job_cap(count, n_need, mw->rows);
     int ids[cap];
     df_expert_w w[cap];
@@ -472,9 +469,48 @@ int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *
         int n;
         if ((rc = src->ops->next(src, cap, ids, w, &n, err))) break;
         if (n == 0) break;
-        run_job(f->pool, mw, ids, w, n, xin, T);
+        run_job(p, mw, sel, ids, w, n, xin, T);
     }
     src->ops->end_layer(src);
+    return rc;
+}
+
+typedef struct {
+    df_fwd *f;
+    int li, T;
+    df_lookahead_fn fn;
+    void *user;
+} lookahead_ctx;
+
+static void call_lookahead(void *vctx) {
+    lookahead_ctx *c = vctx;
+    c->fn(c->f, c->li, c->T, c->user);
+}
+
+int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *out, int T, int K,
+                   df_lookahead_fn lookahead, void *user, df_error *err) {
+    df_blk outer = df_blk_enter(f, DF_BLK_EXPERTS);
+    df_xsource *src = f->experts;
+    const int *sel = mw->sel;
+    int rc = DF_OK;
+    /* A source that spreads experts over other processes sends them their
+     * slots first (marked -1 in lsel), so that their work overlaps ours. */
+    bool remote = src->ops->remote_begin != NULL;
+    if (remote) {
+        memcpy(mw->lsel, mw->sel, sizeof(int) * (size_t)T * (size_t)K);
+        if ((rc = src->ops->remote_begin(src, li, xin, mw->lsel, T, K, mw->H, err))) {
+            df_blk_enter(f, outer);
+            return rc;
+        }
+        sel = mw->lsel;
+    }
+    lookahead_ctx lc = {f, li, T, lookahead, user};
+    rc = df_moe_compute(f->pool, src, mw, li, sel, xin, T, lookahead ? call_lookahead : NULL, &lc, err);
+    if (remote) {
+        df_error rerr;
+        int rrc = src->ops->remote_end(src, mw->yslot, &rerr);
+        if (!rc && rrc) rc = rrc, *err = rerr;
+    }
     if (!rc) combine(mw, out, T); /* per row in top-k slot order: independent of the order above */
     df_blk_enter(f, outer);
     return rc;

@@ -193,6 +193,7 @@ typedef struct df_moe_work {
     int rows, H, E, K, I;
     df_act act;          /* the experts' activation (silu unless set) */
     int *sel;            /* [rows][K] expert ids */
+    int *lsel;           /* [rows][K] sel less the slots another process computes (-1) */
     float *selw;         /* [rows][K] routing weights */
     float *xg, *yg;      /* [rows][H] rows gathered for a job of experts, their outputs */
     int *grow;           /* [rows] (row * K + slot) of each gathered row */
@@ -219,6 +220,17 @@ uint64_t df_moe_work_bytes(int rows, int H, int E, int K, int I);
 typedef void (*df_lookahead_fn)(df_fwd *f, int li, int T, void *user);
 int df_moe_experts(df_fwd *f, df_moe_work *w, int li, const float *xin, float *out, int T, int K,
                    df_lookahead_fn lookahead, void *user, df_error *err);
+
+/* The experts' part of df_moe_experts, also run by a process that computes
+ * experts for another (src/dist/): yslot of every (row, slot) of sel [T][K]
+ * that names an expert (-1: skipped, left as it was), each expert fetched once
+ * from src and computed for all its rows with mw->act. queued (may be NULL)
+ * is called once the reads are requested. */
+int df_moe_compute(df_pool *p, df_xsource *src, df_moe_work *mw, int li, const int *sel, const float *xin,
+                   int T, void (*queued)(void *ctx), void *ctx, df_error *err);
+/* The width routed experts compute at: the latent width where the family
+ * has one (Kimi K3), else the hidden size. */
+static inline int df_moe_width(const df_config *c) { return c->moe_latent_size ? c->moe_latent_size : c->hidden_size; }
 
 /* The n-th MoE layer after model layer li (n >= 1), or -1. */
 int df_moe_after(const df_config *c, int li, int n);

@@ -195,7 +195,7 @@ static void res_close(df_xsource *s) {
 }
 
 static const df_xsource_ops RESIDENT_OPS = {res_begin, res_next, res_end_layer, res_end_step,
-                                            NULL, NULL, res_close};
+                                            NULL, NULL, res_close, NULL, NULL};
 
 df_xsource *df_xsource_resident(const df_expert_inventory *inv) {
     resident *r = df_xcalloc(1, sizeof *r);

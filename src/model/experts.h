@@ -115,6 +115,16 @@ typedef struct df_xsource_ops {
     int (*lookahead_depth)(df_xsource *s);
     void (*predict)(df_xsource *s, int layer, const int *sel, int n_sel);
     void (*close)(df_xsource *s);
+    /* Optional (NULL: every expert is computed here): a source whose experts
+     * are partly computed by other processes (src/dist/). remote_begin gets a
+     * MoE layer's T rows xin [T][H] and their top-k sel [T][K] before any
+     * local work; it hands the slots it sends away to their owners and sets
+     * them to -1 in sel, so that the local work skips them. remote_end, after
+     * the local work (called even when that failed), waits for the owners and
+     * files each slot's unweighted expert output into yslot [T][K][H]. */
+    int (*remote_begin)(df_xsource *s, int layer, const float *xin, int *sel, int T, int K, int H,
+                        df_error *err);
+    int (*remote_end)(df_xsource *s, float *yslot, df_error *err);
 } df_xsource_ops;
 
 struct df_xsource {

@@ -65,6 +65,12 @@ int df_model_dense_to_ram(df_model *m, df_error *err);
 /* The in-RAM copy of tensor t, or NULL if it is used from the mapping. */
 const void *df_model_ram_copy(const df_model *m, const df_tensor *t);
 
+/* The model's fingerprint (fingerprint.c): XXH3-128 over dir's config.json,
+ * every tensor's name, dtype and shape, and samples of the always-active
+ * tensors' bytes and some experts' (read with pread, never through the
+ * mapping). The error names the file. */
+int df_model_fingerprint(const df_model *m, const char *dir, uint8_t out[16], df_error *err);
+
 /* ---- loader helpers for the families ------------------------------------------ */
 
 /* The weight `name` ("....weight") of a Linear module, of shape

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# tests/test_mpi.sh REL [SAN] - experts by rank (--experts-by-rank, src/dist/) with
+# mpirun on loopback, 2 and 3 ranks on this machine: the logits of a several-row
+# prompt (prefill batch) and greedy decoding are bit-identical to the single-process
+# run on Qwen3-MoE, DeepSeek-V3 and Kimi K3 (latent MoE, SiTU), with resident experts
+# and streamed from a pack per rank ("{rank}" in --experts) under a small expert
+# cache, with and without rank 0 owning experts; a rank that opened another model is
+# refused by fingerprint (MPMD). REL is the release binary; SAN (the ASan+UBSan
+# build) runs two of the cases under mpirun too, with tests/mpi_lsan.supp
+# suppressing only Open MPI's own leaks (its MCA components preloaded so that
+# their frames are named). Ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+ENG=${1:-build/deltafin}
+SAN=${2:-}
+MODELS=${DF_TEST_MODELS:-$PWD/build/test-models}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+. tests/lib.sh
+
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "SKIP: mpirun not installed (apt: openmpi-bin libopenmpi-dev)"
+    finish
+    exit $?
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# loopback only, no other network interface looked for
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+MPI=(timeout 60 mpirun --oversubscribe --bind-to none)
+PROMPT=5,17,300,5,9,2,44,81
+COMMON=(--threads 1)
+
+# same NAME A B: the two files are the same bytes
+same() {
+    if cmp -s "$2" "$3"; then ok "$1"; else bad "$1" "differs: $(head -c 300 "$T/log")"; fi
+}
+
+# ---- logits of a 8-row prompt: resident experts, 2 and 3 ranks, rank 0 owning or not
+for m in engine-moe engine-ds engine-k3; do
+    M=$MODELS/$m
+    "$ENG" logits --model "$M" --tokens $PROMPT --out "$T/want" "${COMMON[@]}" 2>"$T/log" || bad "logits-$m" "single run failed"
+    for cfg in "2 yes" "3 no"; do
+        set -- $cfg
+        "${MPI[@]}" -n "$1" "$ENG" logits --model "$M" --tokens $PROMPT --out "$T/got" "${COMMON[@]}" \
+            --experts-by-rank --rank0-experts "$2" >"$T/log" 2>&1
+        same "logits-$m-ranks$1-rank0-$2" "$T/want" "$T/got"
+    done
+done
+
+# ---- greedy decoding, streamed from a pack per rank under a small expert cache
+for m in engine-moe engine-ds engine-k3; do
+    M=$MODELS/$m
+    for r in 0 1 2; do "$ENG" pack --model "$M" --out "$T/pack-$m-$r" >/dev/null 2>&1 || bad "pack-$m" "pack failed"; done
+    "$ENG" run --model "$M" --prompt-tokens $PROMPT --max-new 12 --temp 0 --print-ids "${COMMON[@]}" \
+        >"$T/want" 2>"$T/log" || bad "run-$m" "single run failed"
+    for cfg in "3 yes" "2 no"; do
+        set -- $cfg
+        "${MPI[@]}" -n "$1" "$ENG" run --model "$M" --prompt-tokens $PROMPT --max-new 12 --temp 0 --print-ids \
+            "${COMMON[@]}" --experts-by-rank --rank0-experts "$2" --experts "$T/pack-$m-{rank}" \
+            --expert-cache 100K --stats >"$T/got" 2>"$T/log"
+        same "run-streamed-$m-ranks$1-rank0-$2" "$T/want" "$T/got"
+    done
+done
+# the last run's plan and statistics
+grep -q "^deltafin:   rank 1 on .*experts" "$T/log" && ok plan-printed || bad plan-printed "$(head -3 "$T/log")"
+grep -q "experts by rank: 2 ranks; per decoded token rank 0 sent" "$T/log" && ok stats-ranks \
+    || bad stats-ranks "$(grep -i rank "$T/log" | head -3)"
+
+# ---- resident on rank 0, streamed on rank 1 (MPMD: per-rank options)
+M=$MODELS/engine-ds
+"$ENG" run --model "$M" --prompt-tokens $PROMPT --max-new 12 --temp 0 --print-ids "${COMMON[@]}" >"$T/want" 2>/dev/null
+"${MPI[@]}" -n 1 "$ENG" run --model "$M" --prompt-tokens $PROMPT --max-new 12 --temp 0 --print-ids "${COMMON[@]}" \
+    --experts-by-rank : -n 1 "$ENG" run --model "$M" --prompt-tokens $PROMPT --max-new 12 --temp 0 --print-ids \
+    "${COMMON[@]}" --experts-by-rank --experts "$T/pack-engine-ds-1" --expert-cache 60K >"$T/got" 2>"$T/log"
+same run-mpmd-resident-and-streamed "$T/want" "$T/got"
+
+# ---- batch jobs (continuous batching of several requests) over 3 ranks, experts
+# streamed from the safetensors under a budget on every rank
+python3 -c "
+import json
+for i in range(6):
+    print(json.dumps({'custom_id': f'j{i}', 'method': 'POST', 'url': '/v1/completions',
+                      'body': {'model': 'm', 'prompt': [5 + i, 17, 300, 9][:2 + i % 3], 'max_tokens': 10,
+                               'temperature': 0}}))" >"$T/in.jsonl"
+"$ENG" batch --model "$M" --input "$T/in.jsonl" --output "$T/b1.jsonl" --parallel 3 "${COMMON[@]}" 2>/dev/null
+"${MPI[@]}" -n 3 "$ENG" batch --model "$M" --input "$T/in.jsonl" --output "$T/b2.jsonl" --parallel 3 "${COMMON[@]}" \
+    --experts-by-rank --ram-budget 200M >/dev/null 2>"$T/log"
+texts() { python3 -c "
+import json, sys
+print(sorted((d['custom_id'], d['response']['body']['choices'][0]['text']) for d in map(json.loads, open(sys.argv[1]))))" "$1"; }
+if [ -s "$T/b1.jsonl" ] && [ "$(texts "$T/b1.jsonl")" = "$(texts "$T/b2.jsonl" 2>/dev/null)" ]; then ok batch-ranks3
+else bad batch-ranks3 "$(grep -m2 deltafin "$T/log")"; fi
+
+# ---- a rank with another model is refused by fingerprint, every rank exits non-zero
+"${MPI[@]}" -n 1 "$ENG" logits --model "$MODELS/engine-moe" --tokens 5,17 --out "$T/x" "${COMMON[@]}" \
+    --experts-by-rank : -n 1 "$ENG" logits --model "$MODELS/engine-ds" --tokens 5,17 --out "$T/x" \
+    "${COMMON[@]}" --experts-by-rank >"$T/out" 2>"$T/log"
+rc=$?
+n=$(grep -c "rank 1 on host .* opened another model than rank 0" "$T/log")
+if [ $rc -ne 0 ] && [ "$n" -ge 1 ]; then ok fingerprint-refused; else bad fingerprint-refused "exit $rc: $(head -c 400 "$T/log")"; fi
+
+# a lone process (MPI's singleton, no mpirun) with no rank to own the experts
+expect_error rank0-experts-alone "^deltafin: --rank0-experts no needs other ranks to own the experts" \
+    "$ENG" logits --model "$MODELS/engine-moe" --tokens 1 --out "$T/x" --experts-by-rank --rank0-experts no
+expect_error rank0-experts-bad "^deltafin: --rank0-experts expects yes or no, got 'maybe'" \
+    "$ENG" logits --model "$MODELS/engine-moe" --tokens 1 --out "$T/x" --experts-by-rank --rank0-experts maybe
+
+# ---- the sanitizer build under mpirun
+if [ -n "$SAN" ] && [ -x "$SAN" ]; then
+    # Open MPI's own leaks only: its MCA components and hwloc's plugins stay
+    # loaded (preloaded) so that their frames are named; deltafin never calls asprintf (the one libc
+    # frame suppressed).
+    if git grep -q asprintf -- src; then bad no-asprintf "src/ calls asprintf: tests/mpi_lsan.supp would hide its leaks"; else ok no-asprintf; fi
+    ASANLIB=$(ldd "$SAN" | awk '/libasan/{print $3}')
+    PRE=$ASANLIB:$(ls /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/mca_*.so /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix/*.so \
+        /usr/lib/x86_64-linux-gnu/hwloc/hwloc_*.so 2>/dev/null | tr '\n' ':')
+    SANENV=(-x LD_PRELOAD="$PRE" -x LSAN_OPTIONS=suppressions=$PWD/tests/mpi_lsan.supp:print_suppressions=0
+            -x ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 -x UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+    M=$MODELS/engine-k3
+    "$SAN" run --model "$M" --prompt-tokens $PROMPT --max-new 6 --temp 0 --print-ids "${COMMON[@]}" >"$T/want" 2>"$T/log"
+    "${MPI[@]}" "${SANENV[@]}" -n 3 "$SAN" run --model "$M" --prompt-tokens $PROMPT --max-new 6 --temp 0 --print-ids \
+        "${COMMON[@]}" --experts-by-rank --experts "$T/pack-engine-k3-{rank}" --expert-cache 60K >"$T/got" 2>"$T/log"
+    rc=$?
+    if [ $rc -eq 0 ] && ! grep -q "Sanitizer\|runtime error" "$T/log"; then same san-run-streamed-k3-ranks3 "$T/want" "$T/got"
+    else bad san-run-streamed-k3-ranks3 "exit $rc: $(grep -m3 "ERROR\|SUMMARY\|runtime error\|deltafin:" "$T/log")"; fi
+    M=$MODELS/engine-moe
+    "$SAN" logits --model "$M" --tokens $PROMPT --out "$T/want" "${COMMON[@]}" 2>/dev/null
+    "${MPI[@]}" "${SANENV[@]}" -n 2 "$SAN" logits --model "$M" --tokens $PROMPT --out "$T/got" "${COMMON[@]}" \
+        --experts-by-rank --rank0-experts no >"$T/out" 2>"$T/log"
+    rc=$?
+    if [ $rc -eq 0 ] && ! grep -q "Sanitizer\|runtime error" "$T/log"; then same san-logits-moe-ranks2 "$T/want" "$T/got"
+    else bad san-logits-moe-ranks2 "exit $rc: $(grep -m3 "ERROR\|SUMMARY\|runtime error\|deltafin:" "$T/log")"; fi
+fi
+
+finish
