@@ -64,8 +64,8 @@ static const cli_opt SIM_OPTS[] = {
     {"--tune", "K=V[,K=V]", "deltafin tunables: max_missed, relearn, learn_half_life,\n"
      "admit, buckets, prior_tokens", cli_set_str, S(tune), 0, 0},
     {"--verbose", NULL, "also print deltafin's learned hazard table", cli_set_true, S(verbose), 0, 0},
-    {"--streams", "N", "N sequences decoded together: the trace in windows of N x\n"
-     "(prompt + decode) tokens, each step one row of every sequence,\n"
+    {"--streams", "N", "N sequences decoded together: the trace in windows of\n"
+     "N x (prompt + decode) tokens, a step one row of each,\n"
      "a layer asking for the union of its rows' experts", cli_set_long, S(streams), 1, 1024},
     {"--stream-prompt", "P", "with --streams: each sequence's prompt, one step (default 16)", cli_set_long,
      S(stream_prompt), 0, 1L << 20},
