@@ -10,6 +10,7 @@
  */
 #include "testutil.h"
 
+#include "experts/cachesim.h"
 #include "experts/heat.h"
 #include "experts/policy.h"
 #include "experts/trace.h"
@@ -905,6 +906,60 @@ static void test_cache_sim_cli(void **st) {
     assert_int_equal(sim("--trace", tr, "--slots", "100", "--heat", tmp("junk.heat")), 0);
 }
 
+/* Several sequences at once (cache-sim --streams): one stream of one-token
+ * steps is the plain replay, and a step asks for the union of its rows. */
+static void test_cache_sim_streams(void **st) {
+    (void)st;
+    df_trace t;
+    df_error err;
+    assert_int_equal(df_trace_load(&t, excerpt_path(), &err), DF_OK);
+    df_cache_opts o = {.n_layers = t.n_layers, .n_experts = t.n_experts, .top_k = t.top_k, .n_slots = 60,
+                       .policy = DF_POLICY_DELTAFIN};
+    int windows;
+    df_sim_steps *s = df_cache_sim_steps(&t, &(df_sim_streams){1, 0, 1}, &windows);
+    assert_int_equal(windows, t.n_tokens);
+    df_cache *a, *b;
+    assert_int_equal(df_cache_new(&a, &o, &err), DF_OK);
+    assert_int_equal(df_cache_new(&b, &o, &err), DF_OK);
+    uint64_t *next = df_cache_sim_next_uses(&t), rows;
+    df_sim_result ra, rb;
+    df_cache_sim_replay(&t, a, next, 0, &ra);
+    df_cache_sim_replay_steps(s, b, &rb, &rows);
+    assert_true(ra.hits == rb.hits && ra.accesses == rb.accesses && rows == (uint64_t)t.n_tokens);
+    df_cache_free(a), df_cache_free(b), free(next), df_cache_sim_steps_free(s);
+    /* 4 streams: Belady never loses to deltafin; a prompt step is not counted */
+    uint64_t hits[2];
+    s = df_cache_sim_steps(&t, &(df_sim_streams){4, 8, 16}, &windows);
+    assert_true(windows == t.n_tokens / 96 && windows > 0);
+    for (int i = 0; i < 2; i++) {
+        o.policy = i ? DF_POLICY_BELADY : DF_POLICY_DELTAFIN;
+        assert_int_equal(df_cache_new(&a, &o, &err), DF_OK);
+        df_cache_sim_replay_steps(s, a, &ra, &rows);
+        assert_true(rows == (uint64_t)windows * 64 && ra.accesses <= rows * (uint64_t)(t.n_layers * t.top_k));
+        hits[i] = ra.hits;
+        df_cache_free(a);
+    }
+    assert_true(hits[1] >= hits[0]);
+    df_cache_sim_steps_free(s);
+    df_trace_free(&t);
+    /* by hand: two streams, one step each, one layer: the union {0, 1, 2} */
+    const char *two = HDR "0,1 0,1\n1,2 0,1\n";
+    assert_int_equal(df_trace_parse(&t, two, strlen(two), "two", &err), DF_OK);
+    s = df_cache_sim_steps(&t, &(df_sim_streams){2, 0, 1}, &windows);
+    o = (df_cache_opts){.n_layers = 2, .n_experts = 4, .top_k = 2, .n_slots = 1, .policy = DF_POLICY_LRU};
+    assert_int_equal(df_cache_new(&a, &o, &err), DF_OK);
+    df_cache_sim_replay_steps(s, a, &ra, &rows);
+    assert_true(windows == 1 && rows == 2 && ra.accesses == 3 + 2 && ra.hits == 0);
+    df_cache_free(a), df_cache_sim_steps_free(s), df_trace_free(&t);
+    assert_null(df_cache_sim_steps(&t, &(df_sim_streams){0, 0, 1}, &windows));
+    /* the command: usage errors are 2 */
+    const char *tr = excerpt_path();
+    assert_int_equal(sim("--trace", tr, "--slots", "60", "--streams", "1"), 0); /* 263 tokens: one window of 144 */
+    assert_int_equal(sim("--trace", tr, "--slots", "60", "--stream-decode", "4"), 2);
+    assert_int_equal(sim("--trace", tr, "--streams", "2", "--warmup", "4"), 2);
+    assert_int_equal(sim("--trace", tr, "--slots", "60", "--streams", "1000"), 2);
+}
+
 /* ---- main ---------------------------------------------------------------------------- */
 
 static int rm_tree(const char *dir) {
@@ -951,6 +1006,7 @@ int main(void) {
         cmocka_unit_test(test_heat_persistence),
         cmocka_unit_test(test_heat_roundtrip_through_cache),
         cmocka_unit_test(test_cache_sim_cli),
+        cmocka_unit_test(test_cache_sim_streams),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,6 +7,7 @@
  * Exit codes: 0, 1 (a bad trace, I/O), 2 (usage).
  */
 #include "cli/cli.h"
+#include "experts/cachesim.h"
 #include "experts/policy.h"
 #include "experts/trace.h"
 
@@ -15,7 +16,7 @@
 
 typedef struct sim_args {
     const char *trace, *policies, *heat, *save_heat, *tune;
-    long slots, warmup;
+    long slots, warmup, streams, stream_prompt, stream_decode;
     double fraction, pin, half_life;
     bool verbose;
 } sim_args;
@@ -63,11 +64,19 @@ static const cli_opt SIM_OPTS[] = {
     {"--tune", "K=V[,K=V]", "deltafin tunables: max_missed, relearn, learn_half_life,\n"
      "admit, buckets, prior_tokens", cli_set_str, S(tune), 0, 0},
     {"--verbose", NULL, "also print deltafin's learned hazard table", cli_set_true, S(verbose), 0, 0},
+    {"--streams", "N", "N sequences decoded together: the trace in windows of\n"
+     "N x (prompt + decode) tokens, a step one row of each,\n"
+     "a layer asking for the union of its rows' experts", cli_set_long, S(streams), 1, 1024},
+    {"--stream-prompt", "P", "with --streams: each sequence's prompt, one step (default 16)", cli_set_long,
+     S(stream_prompt), 0, 1L << 20},
+    {"--stream-decode", "T", "with --streams: decoded tokens per sequence (default 128)", cli_set_long,
+     S(stream_decode), 1, 1L << 20},
     {0},
 };
 
 static const cli_section SIM_SECTIONS[] = {
     {NULL, "--trace --slots --fraction --policy --warmup --heat --pin --save-heat --half-life --tune --verbose"},
+    {"Several sequences at once", "--streams --stream-prompt --stream-decode"},
     {0},
 };
 
@@ -105,6 +114,9 @@ static int check(const sim_args *a) {
     if (!a->trace) why = "--trace is required";
     else if ((a->slots > 0) == (a->fraction > 0)) why = "give exactly one of --slots and --fraction";
     else if (a->pin > 0 && !a->heat) why = "--pin needs --heat (pinning ranks experts by persisted heat)";
+    else if (a->streams > 0 && a->warmup > 0) why = "--warmup counts single tokens: with --streams the prompt steps are left out";
+    else if (a->streams <= 0 && (a->stream_prompt >= 0 || a->stream_decode > 0))
+        why = "--stream-prompt and --stream-decode need --streams";
     if (why) cli_error("cache-sim: %s (see deltafin cache-sim --help)", why);
     return why != NULL;
 }
@@ -125,7 +137,7 @@ static void print_hazard(df_cache *c) {
 /* One policy over the trace: its line, its hazard table (--verbose), and the
  * heat histogram when save_heat is set. Returns 0 or 1 (said why). */
 static int simulate(const sim_args *a, const df_trace *t, df_cache_opts *o, const uint64_t *next,
-                    const char *save_heat) {
+                    const df_sim_steps *steps, const char *save_heat) {
     df_error err;
     df_cache *c;
     if (df_cache_new(&c, o, &err) != DF_OK) {
@@ -134,13 +146,18 @@ static int simulate(const sim_args *a, const df_trace *t, df_cache_opts *o, cons
     }
     double t0 = df_now();
     df_sim_result r = {0};
-    df_cache_sim_replay(t, c, next, (int)a->warmup, &r);
+    uint64_t rows = 0;
+    if (steps) df_cache_sim_replay_steps(steps, c, &r, &rows);
+    else df_cache_sim_replay(t, c, next, (int)a->warmup, &r);
     double dt = df_now() - t0;
     const df_cache_stats *st = df_cache_get_stats(c);
-    printf("%-9s hit rate %6.2f%%  hits %llu  misses %llu  accesses %llu  bypassed %llu  (%.2f s)\n",
+    printf("%-9s hit rate %6.2f%%  hits %llu  misses %llu  accesses %llu  bypassed %llu",
            df_cache_policy_name(o->policy), r.accesses ? 100.0 * (double)r.hits / (double)r.accesses : 0.0,
            (unsigned long long)r.hits, (unsigned long long)(r.accesses - r.hits), (unsigned long long)r.accesses,
-           (unsigned long long)st->bypassed, dt);
+           (unsigned long long)st->bypassed);
+    if (steps) /* the figure that compares across N: the bytes a token costs */
+        printf("  misses/token %.2f", rows ? (double)(r.accesses - r.hits) / (double)rows : 0.0);
+    printf("  (%.2f s)\n", dt);
     if (a->verbose && o->policy == DF_POLICY_DELTAFIN) print_hazard(c);
     int rc = 0;
     if (save_heat && df_heat_save(df_cache_heat(c), save_heat, &err) != DF_OK) {
@@ -178,21 +195,40 @@ static int run_policies(const sim_args *a, const df_trace *t, const df_cache_tun
     if (n_pinned) printf(", %d pinned from %s", n_pinned, a->heat);
     if (a->warmup) printf(", first %ld tokens not counted", a->warmup);
     printf("\n");
-    uint64_t *next = df_cache_sim_next_uses(t);
+    df_sim_steps *steps = NULL;
+    uint64_t *next = NULL;
+    if (a->streams > 0) {
+        df_sim_streams so = {(int)a->streams, a->stream_prompt >= 0 ? (int)a->stream_prompt : 16,
+                             a->stream_decode > 0 ? (int)a->stream_decode : 128};
+        int windows;
+        steps = df_cache_sim_steps(t, &so, &windows);
+        if (!steps || !windows) {
+            cli_error("cache-sim: the trace's %d tokens hold no window of %d x (%d + %d) tokens", t->n_tokens,
+                      so.n_streams, so.prompt, so.decode);
+            df_cache_sim_steps_free(steps);
+            if (have_heat) df_heat_free(&heat);
+            return 2;
+        }
+        printf("%d sequences at once: %d windows of %d x (%d prompt + %d decoded) tokens; counted: decode steps\n",
+               so.n_streams, windows, so.n_streams, so.prompt, so.decode);
+    } else {
+        next = df_cache_sim_next_uses(t);
+    }
     int status = 0;
     for (int i = 0; i < n_run && !status; i++) {
         df_cache_opts o = {.n_layers = t->n_layers, .n_experts = t->n_experts, .top_k = t->top_k,
                            .n_slots = n_slots, .policy = (df_cache_policy)run[i], .heat_half_life = a->half_life,
                            .initial_heat = have_heat ? &heat : NULL, .n_pinned = n_pinned, .tuning = *tuning};
-        status = simulate(a, t, &o, next, i == n_run - 1 ? a->save_heat : NULL);
+        status = simulate(a, t, &o, next, steps, i == n_run - 1 ? a->save_heat : NULL);
     }
     free(next);
+    df_cache_sim_steps_free(steps);
     if (have_heat) df_heat_free(&heat);
     return status;
 }
 
 int cli_cache_sim_main(int argc, char **argv) {
-    sim_args a = {.policies = "all", .slots = -1, .fraction = -1};
+    sim_args a = {.policies = "all", .slots = -1, .fraction = -1, .stream_prompt = -1};
     int rc = cli_parse(&SIM_CMD, &a, argc, argv);
     if (rc) return rc == CLI_HELP ? 0 : rc;
     if (check(&a)) return CLI_EXIT_BAD;
