@@ -192,6 +192,7 @@ void df_dist_flush_small(df_dist *d) {
 /* ---- statistics, the end ------------------------------------------------------------- */
 
 void df_dist_get_stats(const df_dist *d, df_dist_stats *o) { *o = d->st; }
+const char *df_dist_failed(const df_dist *d) { return d && d->failed ? d->why : NULL; }
 
 void df_dist_close(df_dist *d) {
     if (!d) return;

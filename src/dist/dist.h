@@ -59,6 +59,9 @@ typedef struct df_dist_stats {
     double wait_s;
 } df_dist_stats;
 void df_dist_get_stats(const df_dist *d, df_dist_stats *o);
+/* Why a rank failed to answer (or an MPI call about it failed), NULL while
+ * none has: the run is over. */
+const char *df_dist_failed(const df_dist *d);
 
 /* Rank 0 tells the workers to stop; every rank then finalizes MPI. */
 void df_dist_close(df_dist *d);

@@ -39,6 +39,7 @@ struct df_dist {
     bool agreed;           /* every rank passed the start-up exchange: finalize at close */
     bool started;          /* ... and planned: rank 0 sends quit at close */
     bool failed;           /* a rank failed to answer: nothing more is sent */
+    char why[1024];        /* ... the error that said so */
     df_dist_peer *ranks;   /* [size] */
     const df_model *m;
     int *owner;            /* [layers][E] */

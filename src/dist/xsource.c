@@ -144,7 +144,9 @@ static int mpi_failed(df_dist *d, int r, int layer, int mrc, df_error *err) {
     int len = 0;
     if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", mrc);
     d->failed = true;
-    return df_fail(err, DF_ERR_IO, "rank %d on %s, MoE layer %d: MPI: %s", r, d->ranks[r].host, layer, msg);
+    int rc = df_fail(err, DF_ERR_IO, "rank %d on %s, MoE layer %d: MPI: %s", r, d->ranks[r].host, layer, msg);
+    snprintf(d->why, sizeof d->why, "%s", err->msg);
+    return rc;
 }
 
 static int ds_remote_begin(df_xsource *s, int layer, const float *xin, int *sel, int T, int K, int H,
@@ -231,6 +233,7 @@ static int ds_remote_end(df_xsource *s, float *yslot, df_error *err) {
                     d->failed = true;
                     rc = df_fail(err, DF_ERR_IO, "rank %d on %s did not answer MoE layer %d within %g s", r,
                                  d->ranks[r].host, x->layer, d->timeout_s);
+                    snprintf(d->why, sizeof d->why, "%s", err->msg);
                     break;
                 }
             break;

@@ -73,6 +73,7 @@ int df_engine_ranks_start(df_engine *e, const df_engine_opts *o, const char *exp
 }
 
 int df_engine_is_worker(const df_engine *e) { return e && e->worker; }
+const char *df_engine_ranks_failed(const df_engine *e) { return e ? df_dist_failed(e->dist) : NULL; }
 
 int df_engine_work(df_engine *e, df_error *err) {
     if (!e->worker) return df_fail(err, DF_ERR_ARG, "df_engine_work: this process is not a worker rank");
