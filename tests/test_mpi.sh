@@ -5,7 +5,8 @@
 # run on Qwen3-MoE, DeepSeek-V3 and Kimi K3 (latent MoE, SiTU), with resident experts
 # and streamed from a pack per rank ("{rank}" in --experts) under a small expert
 # cache, with and without rank 0 owning experts; a rank that opened another model is
-# refused by fingerprint (MPMD); the server behind rank 0 (the openai npm client's
+# refused by fingerprint (MPMD), and so is a rank whose pack is of another model
+# (naming rank, host and pack); the server behind rank 0 (the openai npm client's
 # requests, alone and batched, answer as a single-process server's; SIGTERM to rank 0
 # ends every rank, exit 0); faults: a worker stopped (SIGSTOP: the request fails
 # naming the rank and host within --rank-timeout, the server stops itself, non-zero),
@@ -78,6 +79,14 @@ M=$MODELS/engine-ds
     "${COMMON[@]}" --experts-by-rank --experts "$T/pack-engine-ds-1" --expert-cache 60K >"$T/got" 2>"$T/log"
 same run-mpmd-resident-and-streamed "$T/want" "$T/got"
 
+# ---- --rank0-experts no under --ram-budget: rank 0 opens no expert cache (the budget
+# counts none for it), the output is the same
+"${MPI[@]}" -n 2 "$ENG" run --model "$M" --prompt-tokens $PROMPT --max-new 12 --temp 0 --print-ids "${COMMON[@]}" \
+    --experts-by-rank --rank0-experts no --experts "$T/pack-engine-ds-{rank}" --ram-budget 100M --stats >"$T/got" 2>"$T/log"
+if grep -q "expert cache sized by --rank0-experts no (none)" "$T/log" && grep -q "cache 0 slots" "$T/log"; then
+    same run-rank0-no-experts-budget "$T/want" "$T/got"
+else bad run-rank0-no-experts-budget "$(grep -m3 "deltafin\|cache" "$T/log")"; fi
+
 # ---- batch jobs (continuous batching of several requests) over 3 ranks, experts
 # streamed from the safetensors under a budget on every rank
 python3 -c "
@@ -102,6 +111,15 @@ else bad batch-ranks3 "$(grep -m2 deltafin "$T/log")"; fi
 rc=$?
 n=$(grep -c "rank 1 on host .* opened another model than rank 0" "$T/log")
 if [ $rc -ne 0 ] && [ "$n" -ge 1 ]; then ok fingerprint-refused; else bad fingerprint-refused "exit $rc: $(head -c 400 "$T/log")"; fi
+
+# a rank whose pack is of another model: refused at start-up naming rank, host and pack
+"${MPI[@]}" -n 1 "$ENG" logits --model "$MODELS/engine-moe" --tokens 5,17 --out "$T/x" "${COMMON[@]}" \
+    --experts-by-rank --experts "$T/pack-engine-moe-0" : -n 1 "$ENG" logits --model "$MODELS/engine-moe" \
+    --tokens 5,17 --out "$T/x" "${COMMON[@]}" --experts-by-rank --experts "$T/pack-engine-ds-1" >"$T/out" 2>"$T/log"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "^deltafin: rank 1 on $(hostname): pack $T/pack-engine-ds-1: built from a different model" "$T/log"
+then ok pack-of-another-model-refused; else bad pack-of-another-model-refused "exit $rc: $(head -c 400 "$T/log")"; fi
+
 
 # ---- the server behind rank 0: the official openai npm client's requests (alone and
 # continuously batched, tests/server/parallel.mjs) answer as a single-process

@@ -38,6 +38,10 @@ int df_dist_init(df_dist **out, df_error *err) {
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     d->ranks = df_xcalloc((size_t)d->size, sizeof *d->ranks);
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    snprintf(d->host, sizeof d->host, "%s", host);
     d->st.ranks = d->size;
     *out = d;
     return DF_OK;
@@ -45,6 +49,7 @@ int df_dist_init(df_dist **out, df_error *err) {
 
 int df_dist_rank(const df_dist *d) { return d->rank; }
 int df_dist_size(const df_dist *d) { return d->size; }
+const char *df_dist_host(const df_dist *d) { return d->host; }
 
 void df_dist_nap(int us) {
     struct timespec ts = {0, (long)us * 1000};
@@ -71,10 +76,7 @@ static int exchange(df_dist *d, const df_dist_local *me, df_error *err) {
     df_dist_peer mine;
     memset(&mine, 0, sizeof mine);
     mine.l = *me;
-    int len = 0;
-    char host[MPI_MAX_PROCESSOR_NAME];
-    MPI_Get_processor_name(host, &len);
-    snprintf(mine.host, sizeof mine.host, "%s", host);
+    snprintf(mine.host, sizeof mine.host, "%s", d->host);
     MPI_Request req;
     MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, d->ranks, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD, &req);
     if (wait_polling(&req, d->timeout_s))

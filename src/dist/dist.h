@@ -26,6 +26,8 @@ typedef struct df_dist df_dist;
 int df_dist_init(df_dist **out, df_error *err);
 int df_dist_rank(const df_dist *d);
 int df_dist_size(const df_dist *d);
+/* This rank's host (MPI_Get_processor_name). */
+const char *df_dist_host(const df_dist *d);
 
 /* What this rank brings to the plan. */
 typedef struct df_dist_local {

@@ -36,6 +36,7 @@ typedef struct df_dist_peer {
 
 struct df_dist {
     int rank, size;
+    char host[DF_HOST_MAX]; /* this rank's */
     bool agreed;           /* every rank passed the start-up exchange: finalize at close */
     bool started;          /* ... and planned: rank 0 sends quit at close */
     bool failed;           /* a rank failed to answer: nothing more is sent */

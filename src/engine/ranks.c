@@ -69,6 +69,7 @@ int df_engine_ranks_start(df_engine *e, const df_engine_opts *o, const char *exp
     me.bandwidth = rank_bandwidth(e, o, experts);
     me.can_predict = e->store && e->experts->ops->predict && o->prefetch && strcmp(o->prefetch, "off");
     me.no_experts = !e->worker && o->rank0_no_experts;
+    if (me.no_experts) me.cache_bytes = 0, me.can_predict = false; /* it opened no store */
     return df_dist_start(e->dist, m, &me, e->experts, e->pool, o->rank_timeout_s, &e->experts, err);
 }
 
@@ -83,6 +84,14 @@ int df_engine_work(df_engine *e, df_error *err) {
 void df_engine_close_ranks(df_engine *e) {
     df_dist_close(e->dist);
     e->dist = NULL;
+}
+
+int df_engine_ranks_blame(const df_engine *e, int rc, df_error *err) {
+    if (!rc || !e->dist || df_dist_size(e->dist) < 2) return rc;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    snprintf(err->msg, sizeof err->msg, "rank %d on %s: %.960s", df_dist_rank(e->dist), df_dist_host(e->dist), msg);
+    return rc;
 }
 
 void df_engine_ranks_stats(const df_engine *e, df_stats *o) {
