@@ -214,6 +214,10 @@ typedef struct df_stats {
     int ranks;
     uint64_t rank_bytes_sent, rank_bytes_received, rank_messages;
     double rank_wait_s;
+    /* ... and the other ranks' expert storage, summed over them as of their
+     * latest answer: bytes read, cache hits and misses (rank 0's own are the
+     * expert_* fields above). */
+    uint64_t rank_storage_bytes_read, rank_storage_hits, rank_storage_misses;
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

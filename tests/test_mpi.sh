@@ -70,6 +70,8 @@ done
 grep -q "^deltafin:   rank 1 on .*experts" "$T/log" && ok plan-printed || bad plan-printed "$(head -3 "$T/log")"
 grep -q "experts by rank: 2 ranks; per decoded token rank 0 sent" "$T/log" && ok stats-ranks \
     || bad stats-ranks "$(grep -i rank "$T/log" | head -3)"
+grep -q "experts by rank: the other ranks read [0-9.]* MB from storage (hits [0-9]* misses [1-9]" "$T/log" \
+    && ok stats-worker-storage || bad stats-worker-storage "$(grep -i "other ranks" "$T/log")"
 
 # ---- resident on rank 0, streamed on rank 1 (MPMD: per-rank options)
 M=$MODELS/engine-ds

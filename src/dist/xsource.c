@@ -182,9 +182,12 @@ static int take_reply(dsrc *x, int r, float *yslot, df_error *err) {
     int32_t hdr[2];
     memcpy(hdr, p->rbuf, sizeof hdr);
     const char *host = x->d->ranks[r].host;
+    uint64_t v[3];
+    memcpy(v, p->rbuf + DF_REPLY_STORAGE, sizeof v);
+    x->d->peer_storage[r] = (df_dist_storage){v[0], v[1], v[2]};
     if (hdr[0]) {
         char msg[DF_REPLY_MSG];
-        memcpy(msg, p->rbuf + 2 * sizeof(int32_t), sizeof msg);
+        memcpy(msg, p->rbuf + DF_REPLY_TEXT, sizeof msg);
         msg[sizeof msg - 1] = 0;
         return df_fail(err, hdr[0], "rank %d on %s, MoE layer %d: %s", r, host, x->layer, msg);
     }
