@@ -149,6 +149,9 @@ int df_engine_is_worker(const df_engine *eng);
 /* A worker rank's loop: computes its experts for rank 0 until rank 0 closes
  * its engine. Then close the engine and exit 0. */
 int df_engine_work(df_engine *eng, df_error *err);
+/* Why a rank of an experts_by_rank run failed to answer (rank 0), NULL while
+ * none has: every later evaluation fails, so a server stops (exit status 1). */
+const char *df_engine_ranks_failed(const df_engine *eng);
 const df_model_info *df_engine_info(const df_engine *eng);
 /* Bytes a session of max_context positions allocates (KV cache and buffers). */
 uint64_t df_engine_session_bytes(const df_engine *eng, int max_context);
@@ -211,6 +214,10 @@ typedef struct df_stats {
     int ranks;
     uint64_t rank_bytes_sent, rank_bytes_received, rank_messages;
     double rank_wait_s;
+    /* ... and the other ranks' expert storage, summed over them as of their
+     * latest answer: bytes read, cache hits and misses (rank 0's own are the
+     * expert_* fields above). */
+    uint64_t rank_storage_bytes_read, rank_storage_hits, rank_storage_misses;
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

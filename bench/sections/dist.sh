@@ -24,12 +24,10 @@
 # bytes sent to / received from the other ranks per token, messages per token, and
 # the time rank 0 waited on ranks as a share of the decode time.
 #
-# ASSUMED until the runtime lands (branch `mpi`; align the names here and in
-# bench/report.py with it): `deltafin bench`'s JSON summary, printed by rank 0 only,
-# carries dist_bytes_sent, dist_bytes_recv, dist_messages (totals over the decode, rank
-# 0's side) and dist_wait_s (seconds rank 0 waited on ranks while decoding), and
-# optionally dist_storage_bytes_read (every rank's storage reads while decoding; without
-# it MB/token is rank 0's own reads only and the row says so); the options are
+# The runtime's names (src/cli/report.c): `deltafin bench`'s JSON summary, printed by
+# rank 0 only, carries dist_bytes_sent, dist_bytes_recv, dist_messages (totals over the
+# decode, rank 0's side), dist_wait_s (seconds rank 0 waited on ranks while decoding) and
+# dist_storage_bytes_read (every rank's storage reads while decoding); the options are
 # --experts-by-rank and --rank-timeout SEC. Without mpirun or without --experts-by-rank
 # in `deltafin run --help` the section is skipped with a note.
 #

@@ -77,6 +77,19 @@ static void split_text(const char *what, const split *s, int rows) {
     fprintf(stderr, "\n");
 }
 
+/* Every rank's expert storage between a and b (rank 0's own and the others'
+ * as of their latest answer): "dist_storage_bytes_read",... each with a comma. */
+static void dist_storage_json(FILE *ev, const cli_stats *a, const cli_stats *b) {
+    fprintf(ev, "\"dist_storage_bytes_read\":%llu,\"dist_storage_hits\":%llu,\"dist_storage_misses\":%llu,"
+            "\"dist_workers_bytes_read\":%llu,",
+            (unsigned long long)(b->s.expert_bytes_read - a->s.expert_bytes_read + b->s.rank_storage_bytes_read -
+                                 a->s.rank_storage_bytes_read),
+            (unsigned long long)(b->s.expert_hits - a->s.expert_hits + b->s.rank_storage_hits - a->s.rank_storage_hits),
+            (unsigned long long)(b->s.expert_misses - a->s.expert_misses + b->s.rank_storage_misses -
+                                 a->s.rank_storage_misses),
+            (unsigned long long)(b->s.rank_storage_bytes_read - a->s.rank_storage_bytes_read));
+}
+
 /* "  ranks: 3; per decoded token sent ..., received ..., N messages, waiting ..." */
 static void ranks_text(const cli_stats *a, const cli_stats *b, int n_dec) {
     if (b->s.ranks < 1 || n_dec <= 0) return;
@@ -86,6 +99,10 @@ static void ranks_text(const cli_stats *a, const cli_stats *b, int n_dec) {
             (double)(b->s.rank_bytes_sent - a->s.rank_bytes_sent) / 1e3 / n,
             (double)(b->s.rank_bytes_received - a->s.rank_bytes_received) / 1e3 / n,
             (double)(b->s.rank_messages - a->s.rank_messages) / n, 1e3 * (b->s.rank_wait_s - a->s.rank_wait_s) / n);
+    fprintf(stderr, "  experts by rank: the other ranks read %.2f MB from storage (hits %llu misses %llu) as of "
+            "their latest answer\n", (double)(b->s.rank_storage_bytes_read - a->s.rank_storage_bytes_read) / 1e6,
+            (unsigned long long)(b->s.rank_storage_hits - a->s.rank_storage_hits),
+            (unsigned long long)(b->s.rank_storage_misses - a->s.rank_storage_misses));
 }
 
 /* "PREFIXkda_s":..,... (seconds over the phase), each followed by a comma */
@@ -131,10 +148,12 @@ void cli_report(FILE *ev, bool text, const char *what, int rows, const cli_stats
                 (unsigned long long)pf_waste, wait, compute,
                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
         split_json(ev, "", &sp);
-        if (b->s.ranks > 0)
+        if (b->s.ranks > 0) {
             fprintf(ev, "\"ranks\":%d,\"dist_bytes_sent\":%llu,\"dist_bytes_recv\":%llu,"
                     "\"dist_messages\":%llu,\"dist_wait_s\":%.6f,", b->s.ranks, (unsigned long long)r_sent,
                     (unsigned long long)r_recv, (unsigned long long)r_msgs, r_wait);
+            dist_storage_json(ev, a, b);
+        }
         cli_json_routing(ev, b);
         fprintf(ev, "}\n");
     }
@@ -245,11 +264,13 @@ static void summary_json(FILE *ev, const df_model_info *info, const cli_stats *s
             (unsigned long long)(a->s.expert_misses - st0->s.expert_misses),
             (unsigned long long)(a->s.expert_bytes_read - st0->s.expert_bytes_read));
     /* experts by rank: rank 0's traffic and waits while decoding */
-    if (b->s.ranks > 0)
+    if (b->s.ranks > 0) {
         fprintf(ev, "\"ranks\":%d,\"dist_bytes_sent\":%llu,\"dist_bytes_recv\":%llu,\"dist_messages\":%llu,"
                 "\"dist_wait_s\":%.6f,", b->s.ranks, (unsigned long long)(b->s.rank_bytes_sent - a->s.rank_bytes_sent),
                 (unsigned long long)(b->s.rank_bytes_received - a->s.rank_bytes_received),
                 (unsigned long long)(b->s.rank_messages - a->s.rank_messages), b->s.rank_wait_s - a->s.rank_wait_s);
+        dist_storage_json(ev, a, b);
+    }
     cli_json_routing(ev, b);
     fprintf(ev, "}\n");
 }

@@ -38,6 +38,11 @@ int df_dist_init(df_dist **out, df_error *err) {
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     d->ranks = df_xcalloc((size_t)d->size, sizeof *d->ranks);
+    d->peer_storage = df_xcalloc((size_t)d->size, sizeof *d->peer_storage);
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    snprintf(d->host, sizeof d->host, "%s", host);
     d->st.ranks = d->size;
     *out = d;
     return DF_OK;
@@ -45,6 +50,7 @@ int df_dist_init(df_dist **out, df_error *err) {
 
 int df_dist_rank(const df_dist *d) { return d->rank; }
 int df_dist_size(const df_dist *d) { return d->size; }
+const char *df_dist_host(const df_dist *d) { return d->host; }
 
 void df_dist_nap(int us) {
     struct timespec ts = {0, (long)us * 1000};
@@ -71,10 +77,7 @@ static int exchange(df_dist *d, const df_dist_local *me, df_error *err) {
     df_dist_peer mine;
     memset(&mine, 0, sizeof mine);
     mine.l = *me;
-    int len = 0;
-    char host[MPI_MAX_PROCESSOR_NAME];
-    MPI_Get_processor_name(host, &len);
-    snprintf(mine.host, sizeof mine.host, "%s", host);
+    snprintf(mine.host, sizeof mine.host, "%s", d->host);
     MPI_Request req;
     MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, d->ranks, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD, &req);
     if (wait_polling(&req, d->timeout_s))
@@ -191,7 +194,21 @@ void df_dist_flush_small(df_dist *d) {
 
 /* ---- statistics, the end ------------------------------------------------------------- */
 
-void df_dist_get_stats(const df_dist *d, df_dist_stats *o) { *o = d->st; }
+void df_dist_get_stats(const df_dist *d, df_dist_stats *o) {
+    *o = d->st;
+    memset(&o->workers, 0, sizeof o->workers);
+    for (int r = 1; r < d->size; r++) {
+        o->workers.bytes_read += d->peer_storage[r].bytes_read;
+        o->workers.hits += d->peer_storage[r].hits;
+        o->workers.misses += d->peer_storage[r].misses;
+    }
+}
+void df_dist_set_storage(df_dist *d, df_dist_storage_fn fn, void *ctx) {
+    d->storage = fn;
+    d->storage_ctx = ctx;
+}
+
+const char *df_dist_failed(const df_dist *d) { return d && d->failed ? d->why : NULL; }
 
 void df_dist_close(df_dist *d) {
     if (!d) return;
@@ -207,5 +224,6 @@ void df_dist_close(df_dist *d) {
     free(d->out);
     free(d->owner);
     free(d->ranks);
+    free(d->peer_storage);
     free(d);
 }

@@ -26,6 +26,8 @@ typedef struct df_dist df_dist;
 int df_dist_init(df_dist **out, df_error *err);
 int df_dist_rank(const df_dist *d);
 int df_dist_size(const df_dist *d);
+/* This rank's host (MPI_Get_processor_name). */
+const char *df_dist_host(const df_dist *d);
 
 /* What this rank brings to the plan. */
 typedef struct df_dist_local {
@@ -53,12 +55,25 @@ int df_dist_work(df_dist *d, df_error *err);
  * (about 0.1 s or 64 MiB), 0 if it cannot tell. */
 double df_dist_measure_bandwidth(const char *dir);
 
+/* A rank's expert storage counters so far (a worker sends them with each
+ * answer; rank 0 keeps each rank's latest). */
+typedef struct df_dist_storage {
+    uint64_t bytes_read, hits, misses;
+} df_dist_storage;
+typedef void (*df_dist_storage_fn)(void *ctx, df_dist_storage *o);
+/* Before df_dist_start: where this rank's counters come from (none: zero). */
+void df_dist_set_storage(df_dist *d, df_dist_storage_fn fn, void *ctx);
+
 typedef struct df_dist_stats {
     int ranks;
     uint64_t bytes_sent, bytes_received, messages;
     double wait_s;
+    df_dist_storage workers; /* rank 0: the other ranks' storage, summed */
 } df_dist_stats;
 void df_dist_get_stats(const df_dist *d, df_dist_stats *o);
+/* Why a rank failed to answer (or an MPI call about it failed), NULL while
+ * none has: the run is over. */
+const char *df_dist_failed(const df_dist *d);
 
 /* Rank 0 tells the workers to stop; every rank then finalizes MPI. */
 void df_dist_close(df_dist *d);

@@ -82,8 +82,12 @@ static void answer_layer(worker *w, size_t bytes) {
     int rc = compute_layer(w, m, bytes, (float *)(w->reply + DF_REPLY_HDR), &err);
     int32_t hdr[2] = {rc, rc ? 0 : n};
     memcpy(w->reply, hdr, sizeof hdr);
-    memset(w->reply + sizeof hdr, 0, DF_REPLY_MSG);
-    if (rc) snprintf((char *)w->reply + sizeof hdr, DF_REPLY_MSG, "%.255s", err.msg);
+    df_dist_storage io = {0, 0, 0};
+    if (w->d->storage) w->d->storage(w->d->storage_ctx, &io);
+    uint64_t v[3] = {io.bytes_read, io.hits, io.misses};
+    memcpy(w->reply + DF_REPLY_STORAGE, v, sizeof v);
+    memset(w->reply + DF_REPLY_TEXT, 0, DF_REPLY_MSG);
+    if (rc) snprintf((char *)w->reply + DF_REPLY_TEXT, DF_REPLY_MSG, "%.255s", err.msg);
     size_t len = rc ? DF_REPLY_HDR : need;
     /* rank 0 posted the receive with the LAYER message: this completes */
     MPI_Send(w->reply, (int)len, MPI_BYTE, 0, DF_TAG_REPLY, MPI_COMM_WORLD);

@@ -144,7 +144,9 @@ static int mpi_failed(df_dist *d, int r, int layer, int mrc, df_error *err) {
     int len = 0;
     if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", mrc);
     d->failed = true;
-    return df_fail(err, DF_ERR_IO, "rank %d on %s, MoE layer %d: MPI: %s", r, d->ranks[r].host, layer, msg);
+    int rc = df_fail(err, DF_ERR_IO, "rank %d on %s, MoE layer %d: MPI: %s", r, d->ranks[r].host, layer, msg);
+    snprintf(d->why, sizeof d->why, "%s", err->msg);
+    return rc;
 }
 
 static int ds_remote_begin(df_xsource *s, int layer, const float *xin, int *sel, int T, int K, int H,
@@ -180,9 +182,12 @@ static int take_reply(dsrc *x, int r, float *yslot, df_error *err) {
     int32_t hdr[2];
     memcpy(hdr, p->rbuf, sizeof hdr);
     const char *host = x->d->ranks[r].host;
+    uint64_t v[3];
+    memcpy(v, p->rbuf + DF_REPLY_STORAGE, sizeof v);
+    x->d->peer_storage[r] = (df_dist_storage){v[0], v[1], v[2]};
     if (hdr[0]) {
         char msg[DF_REPLY_MSG];
-        memcpy(msg, p->rbuf + 2 * sizeof(int32_t), sizeof msg);
+        memcpy(msg, p->rbuf + DF_REPLY_TEXT, sizeof msg);
         msg[sizeof msg - 1] = 0;
         return df_fail(err, hdr[0], "rank %d on %s, MoE layer %d: %s", r, host, x->layer, msg);
     }
@@ -231,6 +236,7 @@ static int ds_remote_end(df_xsource *s, float *yslot, df_error *err) {
                     d->failed = true;
                     rc = df_fail(err, DF_ERR_IO, "rank %d on %s did not answer MoE layer %d within %g s", r,
                                  d->ranks[r].host, x->layer, d->timeout_s);
+                    snprintf(d->why, sizeof d->why, "%s", err->msg);
                     break;
                 }
             break;

@@ -257,6 +257,15 @@ int df_engine_setup_streaming(df_engine *e, const df_engine_opts *o, const df_en
 }
 
 
+int df_engine_no_experts_budget(df_engine *e, const df_engine_opts *o, df_error *err) {
+    int rc = o->ram_budget ? df_model_dense_to_ram(&e->model, err) : DF_OK;
+    if (rc) return rc;
+    plan_memory(e, o, false); /* prefaults the always-active weights only */
+    uint64_t unused;
+    e->cache_sizing = "--rank0-experts no (none)";
+    return o->ram_budget ? budget_left(e, o, &unused, err) : DF_OK;
+}
+
 void df_engine_mem_stats(const df_engine *e, df_stats *o) {
     const df_mem_plan *p = &e->plan;
     if (!p->context) return;

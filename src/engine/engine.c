@@ -88,6 +88,15 @@ static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engi
     const df_config *c = &e->model.cfg;
     int rc;
     if (dev && dev->replay_routing && (rc = df_engine_setup_replay(e, dev->replay_routing, err))) return rc;
+    if (e->dist && !e->worker && opts->rank0_no_experts && c->num_experts > 0) {
+        /* rank 0 owns no expert: no store, no cache, no expert page read */
+        if ((rc = df_engine_no_experts_budget(e, opts, err))) {
+            df_engine_free_replay(e);
+            return rc;
+        }
+        e->experts = df_xsource_resident(&e->model.experts);
+        return DF_OK;
+    }
     bool have_pack = opts->experts && *opts->experts;
     double sim_disk = dev ? dev->sim_disk_bps : 0;
     if (have_pack || opts->ram_budget || opts->expert_cache || sim_disk > 0) {
@@ -154,7 +163,7 @@ static int open_rest(df_engine *e, const df_engine_opts *opts, const df_engine_d
     df_engine_opts o = *opts;
     o.experts = experts;
     int rc = setup_experts(e, &o, dev, err);
-    if (rc) return rc;
+    if (rc) return df_engine_ranks_blame(e, rc, err);
     const df_config *c = &e->model.cfg;
     for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
     for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
@@ -181,6 +190,7 @@ int df_engine_open_dev(df_engine **out, const df_engine_opts *opts, const df_eng
         return rc;
     }
     if ((rc = load_checkpoint(e, opts->model_dir, err))) {
+        df_engine_ranks_blame(e, rc, err);
         df_engine_close_ranks(e);
         free(experts);
         free(e);

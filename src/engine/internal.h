@@ -117,6 +117,14 @@ int df_engine_ranks_init(df_engine *e, const df_engine_opts *o, char **experts, 
 int df_engine_ranks_start(df_engine *e, const df_engine_opts *o, const char *experts, df_error *err);
 /* Rank 0 tells the workers to stop; MPI is finalized (NULL dist: nothing). */
 void df_engine_close_ranks(df_engine *e);
+/* Rank 0 with --rank0-experts no (budget.c): no expert store nor cache; the
+ * always-active weights copied into RAM under a budget (as streaming does),
+ * which must hold them and the sessions, with nothing for experts. */
+int df_engine_no_experts_budget(df_engine *e, const df_engine_opts *o, df_error *err);
+/* An error this rank met opening its checkpoint or expert source (a pack of
+ * another model, say): "rank N on HOST: " before it when the run has several
+ * ranks (mpirun names only the process). */
+int df_engine_ranks_blame(const df_engine *e, int rc, df_error *err);
 /* The fields of df_stats. */
 void df_engine_ranks_stats(const df_engine *e, df_stats *o);
 

@@ -56,6 +56,12 @@ static double rank_bandwidth(const df_engine *e, const df_engine_opts *o, const 
     return bw > 0 ? bw : 1e9;
 }
 
+/* This rank's expert storage counters (a worker sends them with its answers). */
+static void storage_of(void *ctx, df_dist_storage *o) {
+    df_store_stats s = df_store_get_stats((const df_store *)ctx);
+    o->bytes_read = s.bytes_read, o->hits = s.hits, o->misses = s.misses;
+}
+
 int df_engine_ranks_start(df_engine *e, const df_engine_opts *o, const char *experts, df_error *err) {
     const df_model *m = &e->model;
     if (m->cfg.num_experts <= 0 || !e->experts)
@@ -69,10 +75,13 @@ int df_engine_ranks_start(df_engine *e, const df_engine_opts *o, const char *exp
     me.bandwidth = rank_bandwidth(e, o, experts);
     me.can_predict = e->store && e->experts->ops->predict && o->prefetch && strcmp(o->prefetch, "off");
     me.no_experts = !e->worker && o->rank0_no_experts;
+    if (e->store) df_dist_set_storage(e->dist, storage_of, e->store);
+    if (me.no_experts) me.cache_bytes = 0, me.can_predict = false; /* it opened no store */
     return df_dist_start(e->dist, m, &me, e->experts, e->pool, o->rank_timeout_s, &e->experts, err);
 }
 
 int df_engine_is_worker(const df_engine *e) { return e && e->worker; }
+const char *df_engine_ranks_failed(const df_engine *e) { return e ? df_dist_failed(e->dist) : NULL; }
 
 int df_engine_work(df_engine *e, df_error *err) {
     if (!e->worker) return df_fail(err, DF_ERR_ARG, "df_engine_work: this process is not a worker rank");
@@ -84,6 +93,14 @@ void df_engine_close_ranks(df_engine *e) {
     e->dist = NULL;
 }
 
+int df_engine_ranks_blame(const df_engine *e, int rc, df_error *err) {
+    if (!rc || !e->dist || df_dist_size(e->dist) < 2) return rc;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    snprintf(err->msg, sizeof err->msg, "rank %d on %s: %.960s", df_dist_rank(e->dist), df_dist_host(e->dist), msg);
+    return rc;
+}
+
 void df_engine_ranks_stats(const df_engine *e, df_stats *o) {
     if (!e->dist) return;
     df_dist_stats s;
@@ -93,4 +110,7 @@ void df_engine_ranks_stats(const df_engine *e, df_stats *o) {
     o->rank_bytes_received = s.bytes_received;
     o->rank_messages = s.messages;
     o->rank_wait_s = s.wait_s;
+    o->rank_storage_bytes_read = s.workers.bytes_read;
+    o->rank_storage_hits = s.workers.hits;
+    o->rank_storage_misses = s.workers.misses;
 }

@@ -144,6 +144,7 @@ void srv_batch_worker(void) {
         if (g_srv.stopping) srv_cancel_active();
         pthread_mutex_unlock(&g_srv.mu);
         if (df_batchgen_active(b.bg)) step(&b);
+        srv_check_ranks();
         pthread_mutex_lock(&g_srv.mu);
     }
     pthread_mutex_unlock(&g_srv.mu);

@@ -390,12 +390,12 @@ static int serve(sigset_t *set) {
     sigdelset(set, SIGPIPE);
     int sig = 0;
     sigwait(set, &sig);
-    fprintf(stderr, "deltafin serve: stopping (signal %d)\n", sig);
+    if (!g_srv.ranks_failed) fprintf(stderr, "deltafin serve: stopping (signal %d)\n", sig);
     srv_stop_requests();
     srv_listener_stop(g_srv.listener);
     MHD_stop_daemon(d); /* it notifies the listener of each close */
     srv_listener_free(g_srv.listener);
-    return 0;
+    return g_srv.ranks_failed ? 1 : 0;
 }
 
 

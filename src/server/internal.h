@@ -73,6 +73,7 @@ typedef struct srv_state {
     job *head, *tail;
     int n_waiting;
     bool stopping;
+    bool ranks_failed; /* a rank of --experts-by-rank failed: the server stopped itself (exit status 1) */
     job **active; /* per slot (cfg.parallel): the job it runs, or NULL */
     int n_active; /* jobs taken off the queue and not yet done */
 
@@ -148,6 +149,8 @@ bool srv_enqueue(job *j);
 void srv_abandon(job *j);
 /* Waits on cv (under mu) for at most one polling slice. */
 void srv_timed_wait(pthread_cond_t *cv);
+/* Stops the server when a rank of --experts-by-rank failed (jobs.c). Not under mu. */
+void srv_check_ranks(void);
 /* Tells the worker to stop, cancelling queued and running requests. */
 void srv_stop_requests(void);
 /* The OpenAI usage object; cached: prompt_tokens_details.cached_tokens. */

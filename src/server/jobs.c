@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PREFILL_CHUNK 256 /* prompt rows per eval, so cancellation is seen during long prefills */
 #define WAIT_SLICE_MS 20  /* how often a waiting connection looks at its socket */
@@ -526,6 +528,7 @@ void *srv_worker_main(void *arg) {
         if (g_srv.max_active < 1) g_srv.max_active = 1;
         pthread_mutex_unlock(&g_srv.mu);
         run_job(&w, j);
+        srv_check_ranks();
         pthread_mutex_lock(&g_srv.mu);
         g_srv.n_active = 0;
         g_srv.active[0] = NULL;
@@ -534,6 +537,19 @@ void *srv_worker_main(void *arg) {
     pthread_mutex_unlock(&g_srv.mu);
     srv_slot_free(&w);
     return NULL;
+}
+
+/* A rank of an --experts-by-rank run failed: every later request would fail
+ * too, so the server stops itself (serve then returns 1). Not under mu. */
+void srv_check_ranks(void) {
+    const char *why = df_engine_ranks_failed(g_srv.eng);
+    if (!why || g_srv.ranks_failed) return;
+    g_srv.ranks_failed = true;
+    fprintf(stderr, "deltafin serve: stopping: %s\n", why);
+    /* the failed requests' answers (500, the error) go out first */
+    struct timespec grace = {0, 300 * 1000000L};
+    nanosleep(&grace, NULL);
+    kill(getpid(), SIGTERM); /* what serve() waits for */
 }
 
 void srv_timed_wait(pthread_cond_t *cv) { /* under g_srv.mu */
