@@ -10,6 +10,7 @@
  * The manifest is untrusted input: every field, offset and range is checked.
  */
 #include "experts/pack_internal.h"
+#include "model/model.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -189,12 +190,6 @@ int pk_plan_build(pk_plan *p, const df_pack_ckpt *ck, int S, df_error *err) {
 
 /* ---- fingerprint -------------------------------------------------------------------- */
 
-static void fp_u64(XXH3_state_t *st, uint64_t v) {
-    uint8_t b[8];
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-    XXH3_128bits_update(st, b, 8);
-}
-
 static char *dir_of(const df_st *st) {
     const char *f = df_st_file_path(st, 0);
     if (!f) return df_xstrdup(".");
@@ -207,23 +202,6 @@ static char *dir_of(const df_st *st) {
     if (slash == d) slash[1] = 0;
     else *slash = 0;
     return d;
-}
-
-/* Three samples of tensor t: offset, then bytes. */
-static int fp_tensor_samples(XXH3_state_t *st, const df_st *sf, const df_tensor *t, df_error *err) {
-    uint64_t len = t->nbytes < 64 ? t->nbytes : 64;
-    uint64_t offs[3] = {0, (t->nbytes / 2) & ~(uint64_t)63, t->nbytes - len};
-    for (int s = 0; s < 3; s++) {
-        uint8_t buf[64];
-        if (offs[s] + len > t->nbytes) offs[s] = t->nbytes - len;
-        ssize_t got = df_pread_full(df_st_file_fd(sf, t->file), buf, (size_t)len, t->file_offset + offs[s]);
-        if (got != (ssize_t)len)
-            return df_fail(err, DF_ERR_IO, "%s: tensor '%s': %s", df_st_file_path(sf, t->file), t->name,
-                           got < 0 ? strerror(errno) : "unexpected end of file");
-        fp_u64(st, offs[s]);
-        XXH3_128bits_update(st, buf, (size_t)len);
-    }
-    return DF_OK;
 }
 
 /* Data samples: two checkpoints with the same config and shapes (a fine-tune)
@@ -241,7 +219,7 @@ static int fp_samples(XXH3_state_t *st, const df_pack_ckpt *ck, df_error *err) {
             if ((j == 1 && ex[1] == ex[0]) || (j == 2 && (ex[2] == ex[1] || ex[2] == ex[0])))
                 continue;
             for (int k = 0; k < np; k++) {
-                int rc = fp_tensor_samples(st, ck->st, df_expert_part(ck->inv, li, ex[j], k), err);
+                int rc = df_fp_tensor_samples(st, ck->st, df_expert_part(ck->inv, li, ex[j], k), err);
                 if (rc) return rc;
             }
         }
@@ -261,8 +239,8 @@ static void fp_tensors(XXH3_state_t *st, const df_pack_ckpt *ck) {
                 XXH3_128bits_update(st, t->name, strlen(t->name) + 1);
                 const char *dn = df_dtype_name(t->dtype);
                 XXH3_128bits_update(st, dn, strlen(dn) + 1);
-                fp_u64(st, (uint64_t)t->ndim);
-                for (int d = 0; d < t->ndim; d++) fp_u64(st, (uint64_t)t->shape[d]);
+                df_fp_u64(st, (uint64_t)t->ndim);
+                for (int d = 0; d < t->ndim; d++) df_fp_u64(st, (uint64_t)t->shape[d]);
             }
     }
 }
@@ -289,11 +267,11 @@ int df_pack_fingerprint(const df_pack_ckpt *ck, char out[DF_PACK_FP_HEX + 1], df
     XXH3_128bits_reset(st);
     static const char magic[] = "deltafin-pack-fingerprint v1\n";
     XXH3_128bits_update(st, magic, sizeof magic - 1);
-    fp_u64(st, clen);
+    df_fp_u64(st, clen);
     XXH3_128bits_update(st, cfg, clen);
     free(cfg);
-    fp_u64(st, (uint64_t)ck->cfg->num_hidden_layers);
-    fp_u64(st, (uint64_t)ck->cfg->num_experts);
+    df_fp_u64(st, (uint64_t)ck->cfg->num_hidden_layers);
+    df_fp_u64(st, (uint64_t)ck->cfg->num_experts);
     fp_tensors(st, ck);
     rc = fp_samples(st, ck, err);
     if (rc) {

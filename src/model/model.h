@@ -70,6 +70,13 @@ const void *df_model_ram_copy(const df_model *m, const df_tensor *t);
  * tensors' bytes and some experts' (read with pread, never through the
  * mapping). The error names the file. */
 int df_model_fingerprint(const df_model *m, const char *dir, uint8_t out[16], df_error *err);
+/* The fingerprints' pieces, shared with the pack's (experts/pack_format.c):
+ * v as 8 little-endian bytes, and three 64-byte samples of tensor t (offset,
+ * then bytes) read with pread, never through the mapping (a touched page
+ * would stay in the RSS). */
+struct XXH3_state_s;
+void df_fp_u64(struct XXH3_state_s *st, uint64_t v);
+int df_fp_tensor_samples(struct XXH3_state_s *st, const df_st *sf, const df_tensor *t, df_error *err);
 
 /* ---- loader helpers for the families ------------------------------------------ */
 
