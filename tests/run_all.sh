@@ -16,6 +16,9 @@ fail=0
 failed_names=()
 
 note() { printf '%s\n' "$*"; }
+# each part's wall time, so the slow ones are visible ("== name" ... "-- name: Ns")
+t_part=0
+took() { local now; now=$(date +%s); printf -- '-- %s: %ds\n' "$1" $((now - t_part)); t_part=$now; }
 count() { # name passed failed
     pass=$((pass + $2)); fail=$((fail + $3))
     [ "$3" -eq 0 ] || failed_names+=("$1")
@@ -33,6 +36,7 @@ for t in "$B"/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
     note "== $name"
+    t_part=$(date +%s)
     out=$("$t" 2>&1)
     rc=$?
     printf '%s\n' "$out" | grep -E '^\[ +(OK|FAILED|PASSED|ERROR|SKIPPED) +\]|^\[==========\]|ERROR|Sanitizer|runtime error' | head -100
@@ -44,11 +48,13 @@ for t in "$B"/tests/test_*; do
         f=1
     fi
     count "$name" "$p" "$f"
+    took "$name"
 done
 
 run_counted() { # name command... ; the command ends with "N passed, N failed"
     local name=$1; shift
     note "== $name"
+    t_part=$(date +%s)
     local out rc
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out" | tail -40
@@ -58,6 +64,7 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
     f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p'); f=${f:-0}
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     count "$name" "$p" "$f"
+    took "$name"
 }
 
 run_counted ref-selftest $PY tests/ref/test_ref_selftest.py
@@ -95,6 +102,7 @@ for fz in "$B"/fuzz/fuzz_*; do
     name=$(basename "$fz")
     corpus=tests/fuzz/corpus/${name#fuzz_}
     note "== $name"
+    t_part=$(date +%s)
     if out=$("$fz" -t "${DF_FUZZ_SECONDS:-5}" "$corpus" 2>&1); then
         printf '%s\n' "$out" | tail -2
         count "$name" 1 0
@@ -102,6 +110,7 @@ for fz in "$B"/fuzz/fuzz_*; do
         printf '%s\n' "$out" | tail -40
         count "$name" 0 1
     fi
+    took "$name"
 done
 
 [ ${#failed_names[@]} -eq 0 ] || note "failed: ${failed_names[*]}"
