@@ -85,7 +85,7 @@ static uint8_t rnd_code(df_elem el, int nan_ok) {
 /* A scale: ordinary for its format, or (special) one of the extremes. */
 static void put_scale(uint8_t *p, df_scale_type t, int special) {
     if (t == DF_SC_F32) {
-        static const uint32_t odd[] = {0x3f800000u, 0x43800000u /* 256: two-multiply form */, 0x7f000000u,
+        static const uint32_t odd[] = {0x3f800000u, 0x7b800000u /* 2^120: two-multiply form */, 0x7f000000u,
                                        0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u, 0x00400000u,
                                        0x80000000u, 0x00000000u, 0x1f000000u, 0x5f000000u};
         float s = special && rnd() % 2 ? f_of(odd[rnd() % (sizeof odd / 4)]) : ldexpf(1.0f + rndf() / 2, -7 - (int)(rnd() % 6));
@@ -199,10 +199,11 @@ static void test_e4m3_codes(void **state) {
     assert_true(df_e4m3_to_f32(0x7e) == 448.0f && df_e4m3_to_f32(0x01) == ldexpf(1, -9));
     assert_true(signbit(df_e4m3_to_f32(0x80)) && df_e4m3_to_f32(0x80) == 0.0f);
     /* every code in a row, times scales that give exact, rounded, subnormal,
-     * overflowing and NaN products, and |s| >= 2^8 (the two-multiply form) */
+     * overflowing and NaN products, and |s| >= 2^120 (the two-multiply form;
+     * 2^119 is the largest power of two without it) */
     static const uint32_t scales[] = {0x3f800000u, 0x3a83126fu, 0x00000001u, 0x00400000u, 0x0b000000u,
                                       0x43800000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00000u, 0x80000000u,
-                                      0xc2f6e979u, 0x3dcccccdu};
+                                      0xc2f6e979u, 0x3dcccccdu, 0x7b800000u, 0x7b000000u, 0xfbc00000u};
     for (size_t si = 0; si < sizeof scales / 4; si++) {
         enum { N = 3, K = 256 + 13 };
         uint8_t vals[N * K];

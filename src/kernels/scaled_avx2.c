@@ -8,8 +8,9 @@
  * the same tree, so results match the C and AVX-512 paths bit for bit. The
  * decodings are those of scaled_avx512.c (see there why they are exact), in
  * 8-lane form:
- *  - e4m3: sign-extend, shift left 20, mask 0x87f00000, times the block scale
- *    pre-multiplied by 2^120 (or the two-multiply form for |s| >= 2^8); a byte
+ *  - e4m3: sign-extend to 16 bits, shift left 7, mask 0xbf80, vcvtph2ps
+ *    (decode(q) * 2^-8, never an F32 subnormal), times the block scale
+ *    pre-multiplied by 2^8 (or the two-multiply form for |s| >= 2^120); a byte
  *    compare per 32 values finds NaN codes, and only then are they blended in.
  *  - INT4 and E2M1: vpermps reads only 3 index bits, so the 16-entry table is
  *    two scaled 8-entry halves (nibbles 0-7 and 8-15) and the nibble's bit 3,
@@ -52,7 +53,7 @@ INL qstate make_state(int el, float s, int two, int prod) {
     if (el == I4 && prod) {
         q.a = q.b = sv; /* products convert the INT4 value and multiply (dec4p) */
     } else if (el == FP8) {
-        q.a = q.b = _mm256_set1_ps(two ? s : s * 0x1p120f);
+        q.a = q.b = _mm256_set1_ps(two ? s : s * 0x1p8f);
     } else if (el == I4) {
         q.a = _mm256_mul_ps(_mm256_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f), sv);
         q.b = _mm256_mul_ps(_mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f), sv);
@@ -67,15 +68,13 @@ INL qstate make_state(int el, float s, int two, int prod) {
  * zeroed copy of its tail). nanchk: FP8 lanes may hold NaN codes. */
 INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanchk) {
     if (el == FP8) {
-        __m256i t = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))), 20);
-        t = _mm256_and_si256(t, _mm256_set1_epi32((int)0x87f00000u));
-        __m256 f = _mm256_castsi256_ps(t);
-        if (two) f = _mm256_mul_ps(f, _mm256_set1_ps(0x1p120f));
-        __m256 w = _mm256_mul_ps(f, st.a);
-        if (nanchk) {
-            __m256i mag = _mm256_and_si256(t, _mm256_set1_epi32(0x7ff00000));
-            __m256 nm = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x07f00000)));
-            w = _mm256_blendv_ps(w, _mm256_set1_ps(NAN), nm);
+        __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(row + k))), 7);
+        h = _mm_and_si128(h, _mm_set1_epi16((short)0xbf80));
+        __m256 f = _mm256_cvtph_ps(h);
+        __m256 w = _mm256_mul_ps(two ? _mm256_mul_ps(f, _mm256_set1_ps(0x1p8f)) : f, st.a);
+        if (nanchk) { /* 0x7f/0xff are the F16 +-0x3f80 (1.875): no other code is */
+            __m256 mag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), f);
+            w = _mm256_blendv_ps(w, _mm256_set1_ps(NAN), _mm256_cmp_ps(mag, _mm256_set1_ps(1.875f), _CMP_EQ_OQ));
         }
         return w;
     }
@@ -94,7 +93,7 @@ INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, i
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++) {
         s[r] = df_scale_at(srow[r], sct, j);
-        if (el == FP8) two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p120f);
+        if (el == FP8) two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p8f);
     }
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++) st[r] = make_state(el, s[r], two, prod);

@@ -11,14 +11,17 @@
  * results are bit-identical to the C path (matmul.c, df_qdecode16_c).
  *
  * Decoding, per format:
- *  - e4m3: the sign-extended byte shifted left 20 and masked to 0x87f00000 is
- *    the F32 with e4m3's sign, exponent field and mantissa in place, which is
- *    decode(q) * 2^-120 exactly (e = 0 lands on F32 subnormals, so e4m3
- *    subnormals come out right). The block's scale is pre-multiplied by 2^120:
- *    fl(f * (s * 2^120)) rounds the same real number as fl(decode(q) * s), so
- *    it is the same w, provided s * 2^120 is exact, i.e. finite (|s| < 2^8) or
- *    s itself is not finite. A block with a larger finite scale takes the
- *    two-multiply form (f * 2^120, exact, then * s). 0x7F/0xFF (NaN) are found
+ *  - e4m3: the sign-extended byte shifted left 7 and masked to 0xbf80 is the
+ *    F16 with e4m3's sign, exponent field and mantissa in place, which is
+ *    decode(q) * 2^-8 exactly (e = 0 lands on F16 subnormals, so e4m3
+ *    subnormals come out right); vcvtph2ps widens it to a normal F32. (Placing
+ *    the bits in an F32 instead gives decode(q) * 2^-120, whose e = 0 codes
+ *    are F32 subnormals: Intel CPUs multiply those through a microcode assist,
+ *    measured 30x slower on random codes.) The block's scale is pre-multiplied
+ *    by 2^8: fl(f * (s * 2^8)) rounds the same real number as fl(decode(q) *
+ *    s), so it is the same w, provided s * 2^8 is exact, i.e. finite (|s| <
+ *    2^120) or s itself is not finite. A block with a larger finite scale takes
+ *    the two-multiply form (f * 2^8, exact, then * s). 0x7F/0xFF (NaN) are found
  *    with one byte compare per 64 values; only a group that has one blends
  *    NaN into its lanes.
  *  - INT4 and E2M1: a 16-entry table of decode(q), multiplied by the group's
@@ -36,7 +39,7 @@
  * Tiles as in matmul_avx512.c: T == 1 does 4 rows (FP8) or 8 rows (4-bit:
  * +15-20 % from RAM) at once with a software prefetch of the next group
  * (values, and for the 4-bit formats the scale rows, a separate stream); with
- * VBMI and GFNI, FP8 at T == 1 decodes with byte permutes (qtile8v). T > 1 a
+ * VBMI, FP8 at T == 1 decodes with byte permutes (qtile8v). T > 1 a
  * 4-row x 4-token tile (16 accumulators, 4 tables or scales, 4 weights: fits
  * the 32 registers).
  */
@@ -64,7 +67,7 @@ INL __m512 base_table(int el) {
 }
 
 /* 16 weights at column k (a multiple of 16) of a row; st: the row's block
- * state (FP8: the broadcast scale, times 2^120 unless two; 4-bit: the scaled
+ * state (FP8: the broadcast scale, times 2^8 unless two; 4-bit: the scaled
  * table). nanchk: FP8 lanes may hold NaN codes. tail: only rem < 16 values
  * are left (masked loads; the other lanes are +0). */
 INL __m512 dec16(int el, const uint8_t *row, int k, __m512 st, int two, int nanchk, int tail, int rem) {
@@ -72,9 +75,9 @@ INL __m512 dec16(int el, const uint8_t *row, int k, __m512 st, int two, int nanc
     __m512 w;
     if (el == FP8) {
         __m128i b = tail ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
-        __m512i t = _mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20);
-        __m512 f = _mm512_castsi512_ps(_mm512_and_si512(t, _mm512_set1_epi32((int)0x87f00000u)));
-        if (two) f = _mm512_mul_ps(f, _mm512_set1_ps(0x1p120f));
+        __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+        __m512 f = _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80)));
+        if (two) f = _mm512_mul_ps(f, _mm512_set1_ps(0x1p8f));
         w = _mm512_mul_ps(f, st);
         if (nanchk) {
             __mmask16 nm = _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8(-1));
@@ -103,10 +106,10 @@ INL int block_state(__m512 *st, const uint8_t *const *srow, df_scale_type sct, i
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++) {
         s[r] = df_scale_at(srow[r], DF_SC_F32, j);
-        two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p120f);
+        two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p8f);
     }
     #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) st[r] = _mm512_set1_ps(two ? s[r] : s[r] * 0x1p120f);
+    for (int r = 0; r < RN; r++) st[r] = _mm512_set1_ps(two ? s[r] : s[r] * 0x1p8f);
     return two;
 }
 
@@ -199,20 +202,36 @@ INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
         for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum16(acc[r][t]);
 }
 
-/* ---- FP8 at T == 1 with VBMI and GFNI ---------------------------------------
- * The F32 bit pattern of dec16 (sign << 31 | (q & 0x7f) << 20) has byte 3 =
- * (q & 0x80) | (q >> 4 & 7) and byte 2 = (q & 15) << 4: two bit permutations
- * of q, which one GF2P8AFFINEQB each makes for 64 bytes at once; one
- * zero-masked VPERMT2B per 16 values then puts them in place (instead of
- * widen, shift and mask per 16: the decoding, not memory, bounds FP8). */
+/* ---- FP8 at T == 1 with VBMI ------------------------------------------------
+ * The F32 of decode(q) * 2^-8 (dec16's f) has at most 4 significant bits and
+ * is never subnormal, so its bytes 1 and 0 are zero and bytes 3 and 2 are
+ * functions of q: byte 3 = (q & 0x80) | B3[q & 0x7f], byte 2 = B2[q & 0x7f],
+ * two 128-entry tables that one VPERMT2B each looks up for 64 bytes at once;
+ * one zero-masked VPERMT2B per 16 values then puts them in place (instead of
+ * widen, shift, mask and widen per 16: the decoding, not memory, bounds FP8).
+ * Entry 0x7f (NaN) is never used: blocks with NaN codes take qstep. */
 #pragma GCC push_options
-#pragma GCC target("avx512vbmi,gfni")
+#pragma GCC target("avx512vbmi")
 
 /* Columns [kb, ke) of one block whose scales need one multiply (!two). */
 INL void qblock8v(__m512 acc[QNM][QT], const float *x, const uint8_t *w, size_t rs, const __m512 *st, int kb,
                   int ke) {
     const int el = FP8, RN = QN;
-    const __m512i mhi = _mm512_set1_epi64(0x1020400000000080ll), mlo = _mm512_set1_epi64(0x0000000001020408ll);
+    const __m512i b3a = _mm512_setr_epi64(0x3838383837373700ll, 0x3838383838383838ll, 0x3939393939393939ll,
+                                          0x3939393939393939ll, 0x3a3a3a3a3a3a3a3all, 0x3a3a3a3a3a3a3a3all,
+                                          0x3b3b3b3b3b3b3b3bll, 0x3b3b3b3b3b3b3b3bll);
+    const __m512i b3b = _mm512_setr_epi64(0x3c3c3c3c3c3c3c3cll, 0x3c3c3c3c3c3c3c3cll, 0x3d3d3d3d3d3d3d3dll,
+                                          0x3d3d3d3d3d3d3d3dll, 0x3e3e3e3e3e3e3e3ell, 0x3e3e3e3e3e3e3e3ell,
+                                          0x3f3f3f3f3f3f3f3fll, 0x7f3f3f3f3f3f3f3fll);
+    const __m512i b2a = _mm512_setr_epi64((long long)0x60402000c0800000ull, (long long)0xf0e0d0c0b0a09080ull,
+                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
+                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
+                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull);
+    const __m512i b2b = _mm512_setr_epi64(0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
+                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
+                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
+                                          0x7060504030201000ll, (long long)0xc0e0d0c0b0a09080ull);
+    const __m512i sgn = _mm512_set1_epi8((char)0x80);
     /* dword i of chunk c: byte 3 <- hi byte 16c + i, byte 2 <- lo byte 16c + i */
     const __m512i idx0 = _mm512_setr_epi32(0x00400000, 0x01410000, 0x02420000, 0x03430000, 0x04440000, 0x05450000,
                                            0x06460000, 0x07470000, 0x08480000, 0x09490000, 0x0a4a0000, 0x0b4b0000,
@@ -231,8 +250,9 @@ INL void qblock8v(__m512 acc[QNM][QT], const float *x, const uint8_t *w, size_t 
             __m512i hi[QN], lo[QN];
             #pragma GCC unroll 8
             for (int r = 0; r < RN; r++) {
-                hi[r] = _mm512_gf2p8affine_epi64_epi8(b[r], mhi, 0);
-                lo[r] = _mm512_gf2p8affine_epi64_epi8(b[r], mlo, 0);
+                /* hi = B3[q & 0x7f] | (q & 0x80) */
+                hi[r] = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(b3a, b[r], b3b), b[r], sgn, 0xf8);
+                lo[r] = _mm512_permutex2var_epi8(b2a, b[r], b2b);
             }
             #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
@@ -276,7 +296,7 @@ __attribute__((noinline)) static void qtile8v(float *y, const float *x, const ui
 
 static int have_vbmi(void) {
     static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+    if (v < 0) v = __builtin_cpu_supports("avx512vbmi");
     return v;
 }
 
