@@ -132,10 +132,15 @@ static void check_recurrent_identical(int which) {
      * calls of 5 rows cut into passes of 3 (a pass ends inside a call and across calls) */
     struct { int step, chunk; } ways[] = {{NREC, 0}, {1, 0}, {NREC, 1}, {NREC, 3}, {NREC, 7}, {5, 3}};
     int checked = 0;
+    const char *best = df_isa_name(df_isa_detect());
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!isa_available(isas[i])) continue;
-        for (int threads = 1; threads <= 2; threads++)
+        /* every way on the CPU's own path; the others (slow under the
+         * sanitizers) with 2 threads in whole and split passes */
+        bool all = strcmp(isas[i], best) == 0;
+        for (int threads = all ? 1 : 2; threads <= 2; threads++)
             for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+                if (!all && w != 0 && w != 5) continue;
                 int V2;
                 float *got = run_tokens(model(which), threads, isas[i], ways[w].step, ways[w].chunk, toks, NREC, &V2);
                 assert_int_equal(V, V2);
@@ -147,7 +152,8 @@ static void check_recurrent_identical(int which) {
                 checked++;
             }
     }
-    assert_true(checked >= 12); /* the C path and at least one vector path */
+    /* the C path and, where the CPU has one, a vector path */
+    assert_true(checked >= (df_isa_detect() == DF_ISA_C ? 12 : 14));
     /* the rows differ from each other (the state carries something) and the
      * check notices a one-ulp change */
     assert_int_not_equal(memcmp(ref, ref + V, sizeof(float) * (size_t)V), 0);
