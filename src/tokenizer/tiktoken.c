@@ -350,7 +350,7 @@ int df_tokenizer_load_tiktoken_mem(df_tokenizer **out, const char *model, size_t
     }
     if (!rc) {
         t->steps[0].behavior = BEH_ISOLATED;
-        rc = df_tok_compile_regex(t, pattern, strlen(pattern), "split pattern", &t->steps[0].re,
+        rc = df_tok_compile_regex(t, pattern, strlen(pattern), 0, "split pattern", &t->steps[0].re,
                                   err);
         if (!rc) t->n_steps = 1;
     }

@@ -80,6 +80,7 @@ struct df_tokenizer {
 };
 
 enum { BEH_ISOLATED, BEH_REMOVED };
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
 
 /* A tokenizer with no tables yet: the byte-level alphabet set up, no byte ids. */
 df_tokenizer *df_tok_new(const char *path);
@@ -90,9 +91,13 @@ bool df_tok_vmap_put(df_tokenizer *t, int32_t id, uint32_t off, uint32_t len);
 void df_tok_merge_put(df_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id);
 bool df_tok_merge_get(const df_tokenizer *t, int32_t a, int32_t b, uint32_t *rank, int32_t *id);
 size_t df_tok_pow2(size_t n);
-/* A pre-tokenizer pattern (Oniguruma/regex-crate \s semantics, see tokenizer.c). */
-int df_tok_compile_regex(df_tokenizer *t, const char *pat, size_t len, const char *where,
+/* A pre-tokenizer pattern (Oniguruma/regex-crate \s semantics, see tokenizer.c);
+ * extra: PCRE2 options (PCRE2_LITERAL for a Split's String pattern). */
+int df_tok_compile_regex(df_tokenizer *t, const char *pat, size_t len, uint32_t extra, const char *where,
                          pcre2_code **out, df_error *err);
+/* A token spelled in the byte-level alphabet as raw bytes (out holds n bytes);
+ * -1 if a character is outside the alphabet. */
+long df_tok_bl_to_raw(const df_tokenizer *t, const char *s, size_t n, unsigned char *out);
 /* Added-token matchers, once the added tokens are in. */
 int df_tok_finish(df_tokenizer *t, df_error *err);
 /* Bytes of the next piece of text as tiktoken's Python wrappers cut it: at most
