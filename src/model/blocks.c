@@ -344,6 +344,18 @@ int df_moe_after(const df_config *c, int li, int n) {
     return -1;
 }
 
+int df_moe_lookahead_depth(df_fwd *f) {
+    return f->experts->ops->lookahead_depth ? f->experts->ops->lookahead_depth(f->experts) : 0;
+}
+
+void df_moe_lookahead(df_fwd *f, int li, int T, df_predict_fn predict) {
+    int depth = df_moe_lookahead_depth(f);
+    if (!depth) return;
+    df_blk outer = df_blk_enter(f, DF_BLK_FFN);
+    predict(f, df_moe_after(&f->m->cfg, li, depth), T);
+    df_blk_enter(f, outer);
+}
+
 /* The distinct experts among n routing choices, ascending, and how many rows
  * chose each. Returns how many. */
 static int distinct_experts(const int *sel, int n, int E, int *need, int *count) {

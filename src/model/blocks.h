@@ -235,4 +235,15 @@ static inline int df_moe_width(const df_config *c) { return c->moe_latent_size ?
 /* The n-th MoE layer after model layer li (n >= 1), or -1. */
 int df_moe_after(const df_config *c, int li, int n);
 
+/* Router lookahead. A family's predict runs MoE layer target's norm and router
+ * on the residual stream as it is now and hands the experts it picks to the
+ * expert source to read ahead (target < 0: nothing); only reads depend on it,
+ * the layer's own routing is computed afresh. */
+typedef void (*df_predict_fn)(df_fwd *f, int target, int T);
+/* How many MoE layers ahead the expert source reads (0: it does not). */
+int df_moe_lookahead_depth(df_fwd *f);
+/* A df_lookahead_fn's body: once layer li's reads are queued, predict the MoE
+ * layer lookahead-depth on, timed as the spine's work (it runs a router). */
+void df_moe_lookahead(df_fwd *f, int li, int T, df_predict_fn predict);
+
 #endif

@@ -213,17 +213,9 @@ static void predict(df_fwd *f, int target, int T) {
     f->experts->ops->predict(f->experts, target, mw->psel, T * c->num_experts_per_tok);
 }
 
-static int lookahead_depth(df_fwd *f) {
-    return f->experts->ops->lookahead_depth ? f->experts->ops->lookahead_depth(f->experts) : 0;
-}
-
 static void lookahead(df_fwd *f, int li, int T, void *user) {
     (void)user;
-    int depth = lookahead_depth(f);
-    if (!depth) return;
-    df_blk outer = df_blk_enter(f, DF_BLK_FFN); /* a router: the spine's work */
-    predict(f, df_moe_after(&f->m->cfg, li, depth), T);
-    df_blk_enter(f, outer);
+    df_moe_lookahead(f, li, T, predict);
 }
 
 /* w->y = routed experts (in the latent width: down, experts, norm, up) +
@@ -326,7 +318,7 @@ int kl_forward(df_fwd *f, const df_batch *b, float *logits, bool all_rows, df_er
     work *w = f->work;
     int T = b->n, H = c->hidden_size, n_anchor = 0;
     df_embed_rows(&m->embed, b->tokens, T, w->x);
-    int depth = c->num_experts > 0 ? lookahead_depth(f) : 0;
+    int depth = c->num_experts > 0 ? df_moe_lookahead_depth(f) : 0;
     df_blk_enter(f, DF_BLK_FFN); /* routers */
     for (int n = 1; n <= depth; n++) predict(f, df_moe_after(c, -1, n), T);
     df_blk_enter(f, DF_BLK_OTHER);
