@@ -348,13 +348,6 @@ int df_moe_lookahead_depth(df_fwd *f) {
     return f->experts->ops->lookahead_depth ? f->experts->ops->lookahead_depth(f->experts) : 0;
 }
 
-void df_moe_lookahead(df_fwd *f, int li, int T, df_predict_fn predict) {
-    int depth = df_moe_lookahead_depth(f);
-    if (!depth) return;
-    df_blk outer = df_blk_enter(f, DF_BLK_FFN);
-    predict(f, df_moe_after(&f->m->cfg, li, depth), T);
-    df_blk_enter(f, outer);
-}
 
 /* The distinct experts among n routing choices, ascending, and how many rows
  * chose each. Returns how many. */
@@ -490,17 +483,21 @@ int df_moe_compute(df_pool *p, df_xsource *src, df_moe_work *mw, int li, const i
 typedef struct {
     df_fwd *f;
     int li, T;
-    df_lookahead_fn fn;
-    void *user;
+    df_predict_fn predict;
 } lookahead_ctx;
 
-static void call_lookahead(void *vctx) {
+/* Once layer li's reads are queued: the MoE layer `depth` on goes next. */
+static void lookahead(void *vctx) {
     lookahead_ctx *c = vctx;
-    c->fn(c->f, c->li, c->T, c->user);
+    int depth = df_moe_lookahead_depth(c->f);
+    if (!depth) return;
+    df_blk outer = df_blk_enter(c->f, DF_BLK_FFN);
+    c->predict(c->f, df_moe_after(&c->f->m->cfg, c->li, depth), c->T);
+    df_blk_enter(c->f, outer);
 }
 
 int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *out, int T, int K,
-                   df_lookahead_fn lookahead, void *user, df_error *err) {
+                   df_predict_fn predict, df_error *err) {
     df_blk outer = df_blk_enter(f, DF_BLK_EXPERTS);
     df_xsource *src = f->experts;
     const int *sel = mw->sel;
@@ -516,8 +513,8 @@ int df_moe_experts(df_fwd *f, df_moe_work *mw, int li, const float *xin, float *
         }
         sel = mw->lsel;
     }
-    lookahead_ctx lc = {f, li, T, lookahead, user};
-    rc = df_moe_compute(f->pool, src, mw, li, sel, xin, T, lookahead ? call_lookahead : NULL, &lc, err);
+    lookahead_ctx lc = {f, li, T, predict};
+    rc = df_moe_compute(f->pool, src, mw, li, sel, xin, T, predict ? lookahead : NULL, &lc, err);
     if (remote) {
         df_error rerr;
         int rrc = src->ops->remote_end(src, mw->yslot, &rerr);

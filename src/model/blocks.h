@@ -210,16 +210,22 @@ df_moe_work *df_moe_work_new(int rows, int H, int E, int K, int I);
 void df_moe_work_free(df_moe_work *w);
 uint64_t df_moe_work_bytes(int rows, int H, int E, int K, int I);
 
+/* Router lookahead. A family's predict runs MoE layer target's norm and router
+ * on the residual stream as it is now and hands the experts it picks to the
+ * expert source to read ahead (target < 0: nothing); only reads depend on it,
+ * the layer's own routing is computed afresh. */
+typedef void (*df_predict_fn)(df_fwd *f, int target, int T);
+
 /* The routed experts of MoE layer li for T rows of xin [T][H] whose top-k
  * (df_moe_sel/selw) are set: each needed expert is fetched once from the
  * expert source and computed for all rows routed to it (SwiGLU), and each
  * row's outputs are combined in slot order into out [T][H]
- * (out = sum_k w_k * expert_k(x)). lookahead (may be NULL) is called once
- * the layer's reads are queued, so that predicted reads for later layers go
- * behind them. Its time is charged to DF_BLK_EXPERTS (forward.h). */
-typedef void (*df_lookahead_fn)(df_fwd *f, int li, int T, void *user);
+ * (out = sum_k w_k * expert_k(x)). Once the layer's reads are queued,
+ * predict (may be NULL) is run for the MoE layer the source's lookahead depth
+ * on, so that predicted reads go behind them; its time is charged to
+ * DF_BLK_FFN (forward.h: it runs a router), the rest to DF_BLK_EXPERTS. */
 int df_moe_experts(df_fwd *f, df_moe_work *w, int li, const float *xin, float *out, int T, int K,
-                   df_lookahead_fn lookahead, void *user, df_error *err);
+                   df_predict_fn predict, df_error *err);
 
 /* The experts' part of df_moe_experts, also run by a process that computes
  * experts for another (src/dist/): yslot of every (row, slot) of sel [T][K]
@@ -235,15 +241,7 @@ static inline int df_moe_width(const df_config *c) { return c->moe_latent_size ?
 /* The n-th MoE layer after model layer li (n >= 1), or -1. */
 int df_moe_after(const df_config *c, int li, int n);
 
-/* Router lookahead. A family's predict runs MoE layer target's norm and router
- * on the residual stream as it is now and hands the experts it picks to the
- * expert source to read ahead (target < 0: nothing); only reads depend on it,
- * the layer's own routing is computed afresh. */
-typedef void (*df_predict_fn)(df_fwd *f, int target, int T);
 /* How many MoE layers ahead the expert source reads (0: it does not). */
 int df_moe_lookahead_depth(df_fwd *f);
-/* A df_lookahead_fn's body: once layer li's reads are queued, predict the MoE
- * layer lookahead-depth on, timed as the spine's work (it runs a router). */
-void df_moe_lookahead(df_fwd *f, int li, int T, df_predict_fn predict);
 
 #endif

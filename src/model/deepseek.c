@@ -464,18 +464,13 @@ static void predict(df_fwd *f, int target, int T) {
     f->experts->ops->predict(f->experts, target, mw->psel, T * c->num_experts_per_tok);
 }
 
-static void lookahead(df_fwd *f, int li, int T, void *user) {
-    (void)user;
-    df_moe_lookahead(f, li, T, predict);
-}
-
 /* y = routed experts + shared experts (Hugging Face's order). */
 static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
     const df_config *c = &f->m->cfg;
     work *w = f->work;
     df_moe_work *mw = w->moe;
     route(f, L, li, w->xb, mw->prouter, mw->sel, mw->selw, T, true);
-    int rc = df_moe_experts(f, mw, li, w->xb, w->y, T, c->num_experts_per_tok, lookahead, NULL, err);
+    int rc = df_moe_experts(f, mw, li, w->xb, w->y, T, c->num_experts_per_tok, predict, err);
     if (rc || !c->n_shared_experts) return rc;
     df_swiglu(f->pool, &L->gate.v, &L->up.v, &L->down.v, w->xb, w->ys, w->hg, w->hu, T);
     df_add(w->y, w->ys, (size_t)T * c->hidden_size);

@@ -213,11 +213,6 @@ static void predict(df_fwd *f, int target, int T) {
     f->experts->ops->predict(f->experts, target, mw->psel, T * c->num_experts_per_tok);
 }
 
-static void lookahead(df_fwd *f, int li, int T, void *user) {
-    (void)user;
-    df_moe_lookahead(f, li, T, predict);
-}
-
 /* w->y = routed experts (in the latent width: down, experts, norm, up) +
  * shared experts, of the normed rows w->xb. */
 static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
@@ -229,11 +224,11 @@ static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
     int rc, X = c->moe_latent_size;
     if (X) {
         df_linear(f->pool, w->lat_in, w->xb, &L->lat_down, T);
-        if ((rc = df_moe_experts(f, mw, li, w->lat_in, w->lat_out, T, c->num_experts_per_tok, lookahead, NULL, err)))
+        if ((rc = df_moe_experts(f, mw, li, w->lat_in, w->lat_out, T, c->num_experts_per_tok, predict, err)))
             return rc;
         if (L->lat_norm) df_rmsnorm_rows(w->lat_out, w->lat_out, L->lat_norm, T, X, (float)c->rms_norm_eps);
         df_linear(f->pool, w->y, w->lat_out, &L->lat_up, T);
-    } else if ((rc = df_moe_experts(f, mw, li, w->xb, w->y, T, c->num_experts_per_tok, lookahead, NULL, err))) {
+    } else if ((rc = df_moe_experts(f, mw, li, w->xb, w->y, T, c->num_experts_per_tok, predict, err))) {
         return rc;
     }
     if (!c->n_shared_experts) return DF_OK;

@@ -372,11 +372,6 @@ static void predict(df_fwd *f, int target, int T) {
     f->experts->ops->predict(f->experts, target, mw->psel, T * K);
 }
 
-static void lookahead(df_fwd *f, int li, int T, void *user) {
-    (void)user;
-    df_moe_lookahead(f, li, T, predict);
-}
-
 static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
     const df_config *c = &f->m->cfg;
     work *w = f->work;
@@ -389,7 +384,7 @@ static int moe(df_fwd *f, const layer *L, int li, int T, df_error *err) {
         df_route_softmax_topk(mw->prouter + (size_t)t * E, E, K, c->norm_topk_prob, mw->sel + (size_t)t * K,
                               mw->selw + (size_t)t * K, f->route ? forced : NULL);
     }
-    return df_moe_experts(f, mw, li, w->xb, w->y, T, K, lookahead, NULL, err);
+    return df_moe_experts(f, mw, li, w->xb, w->y, T, K, predict, err);
 }
 
 static int feed_forward(df_fwd *f, int li, int T, df_error *err) {
