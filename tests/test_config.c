@@ -11,7 +11,6 @@
 #include "model/quant.h"
 #include "model/generation.h"
 
-#include <ftw.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -621,11 +620,6 @@ static void test_generation(void **state) {
 
 /* ---- directories --------------------------------------------------------- */
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static void write_text(const char *dir, const char *name, const char *text) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -669,7 +663,7 @@ static void test_load_dir(void **state) {
     write_text(dir, "config.json", "{\"model_type\":\"mistral\"}");
     check_fail(df_config_load_dir(&c, dir, &err), &err, DF_ERR_UNSUPPORTED, "config.json",
                "'mistral'");
-    nftw(dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
+    df_test_rm_tree(dir);
 }
 
 int main(void) {

@@ -16,7 +16,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -45,15 +44,6 @@ static const char *tmp(const char *name) {
     snprintf(b, sizeof bufs[0], "%s/%s", g_root, name);
     return b;
 }
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f) {
-    (void)sb;
-    (void)flag;
-    (void)f;
-    return remove(p);
-}
-
-static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 static bool file_exists(const char *dir, const char *name) {
     char p[700];
@@ -994,7 +984,7 @@ static int setup(void **st) {
 static int teardown(void **st) {
     (void)st;
     df_model_free(&g_m);
-    rm_rf(g_root);
+    df_test_rm_tree(g_root);
     return 0;
 }
 

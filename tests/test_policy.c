@@ -8,33 +8,11 @@
  */
 #include "testutil.h"
 
-#include "experts/cachesim.h"
-#include "experts/heat.h"
 #include "experts/policy.h"
 #include "experts/trace.h"
-#include "cli/cli.h" /* the command-line tests: cli/pack.c, cli/cachesim.c */
 
-#include <dirent.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-static char *excerpt_path(void) {
-    static char p[512];
-    snprintf(p, sizeof p, "%s/tests/data/traces/intent-excerpt.trace", df_test_root());
-    return p;
-}
-
-/* tiny deterministic generator (xorshift) */
-static uint64_t g_rng = 88172645463325252ull;
-static uint32_t rnd(uint32_t n) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng % n);
-}
 
 /* ---- replay helpers ----------------------------------------------------------- */
 
@@ -53,10 +31,10 @@ static seqs random_seqs(int L, int E, int K, int T, int skew) {
                 int again;
                 do {
                     /* skew > 0: low ids likelier, like real routing's hot experts */
-                    v = skew ? (int32_t)(rnd((uint32_t)E) * rnd((uint32_t)E) / E)
-                             : (int32_t)rnd((uint32_t)E);
-                    if (skew && rnd(3) == 0 && t > 0) /* some reuse of the previous token */
-                        v = s.ids[((size_t)(t - 1) * L + l) * K + rnd((uint32_t)K)];
+                    v = skew ? (int32_t)(df_test_rnd((uint32_t)E) * df_test_rnd((uint32_t)E) / E)
+                             : (int32_t)df_test_rnd((uint32_t)E);
+                    if (skew && df_test_rnd(3) == 0 && t > 0) /* some reuse of the previous token */
+                        v = s.ids[((size_t)(t - 1) * L + l) * K + df_test_rnd((uint32_t)K)];
                     again = 0;
                     for (int j = 0; j < k; j++) again |= row[j] == v;
                 } while (again);
@@ -294,10 +272,10 @@ static void test_belady_matches_exhaustive_optimum(void **st) {
 static void test_belady_never_worse(void **st) {
     (void)st;
     for (int rep = 0; rep < 40; rep++) {
-        int L = 1 + (int)rnd(5), E = 4 + (int)rnd(29), K = 1 + (int)rnd(4);
+        int L = 1 + (int)df_test_rnd(5), E = 4 + (int)df_test_rnd(29), K = 1 + (int)df_test_rnd(4);
         if (K > E) K = E;
-        int slots = 1 + (int)rnd((uint32_t)(L * E));
-        seqs s = random_seqs(L, E, K, 40 + (int)rnd(80), rep & 1);
+        int slots = 1 + (int)df_test_rnd((uint32_t)(L * E));
+        seqs s = random_seqs(L, E, K, 40 + (int)df_test_rnd(80), rep & 1);
         long b = replay(&s, DF_POLICY_BELADY, slots, rep < 10);
         long l = replay(&s, DF_POLICY_LRU, slots, rep < 10);
         long d = replay(&s, DF_POLICY_DELTAFIN, slots, rep < 10);
@@ -316,7 +294,7 @@ static void test_deltafin_beats_lru_on_real_routing(void **st) {
     (void)st;
     df_trace t;
     df_error err;
-    assert_int_equal(df_trace_load(&t, excerpt_path(), &err), DF_OK);
+    assert_int_equal(df_trace_load(&t, df_test_trace_excerpt(), &err), DF_OK);
     seqs s = from_trace(&t);
     long acc = (long)t.n_tokens * t.n_layers * t.top_k;
     int all = t.n_layers * t.n_experts;
@@ -354,10 +332,10 @@ static void test_invariants_random_operation(void **st) {
         df_error err;
         assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
         for (int i = 0; i < 4000; i++) {
-            int op = (int)rnd(10), l = (int)rnd(5), e = (int)rnd(7);
+            int op = (int)df_test_rnd(10), l = (int)df_test_rnd(5), e = (int)df_test_rnd(7);
             if (op < 5) {
-                df_cache_set_next_use(c, l, e, rnd(4) ? rnd(1000) + (uint64_t)i : UINT64_MAX);
-                if (df_cache_lookup(c, l, e) < 0 && rnd(4)) {
+                df_cache_set_next_use(c, l, e, df_test_rnd(4) ? df_test_rnd(1000) + (uint64_t)i : UINT64_MAX);
+                if (df_cache_lookup(c, l, e) < 0 && df_test_rnd(4)) {
                     int32_t ev;
                     int s = df_cache_admit(c, l, e, &ev);
                     if (s >= 0) assert_int_equal(df_cache_slot_key(c, s), l * 7 + e);
@@ -453,8 +431,8 @@ static void test_pinned_tier(void **st) {
         assert_int_equal(df_cache_lookup(c, 1, 3), p);
         df_cache_token_end(c);
         for (int i = 0; i < 200; i++) {
-            int l = (int)rnd(2), e = (int)rnd(8);
-            df_cache_set_next_use(c, l, e, (uint64_t)i + 1 + rnd(50));
+            int l = (int)df_test_rnd(2), e = (int)df_test_rnd(8);
+            df_cache_set_next_use(c, l, e, (uint64_t)i + 1 + df_test_rnd(50));
             if (df_cache_lookup(c, l, e) < 0) df_cache_admit(c, l, e, NULL);
             df_cache_token_end(c);
             assert_int_equal(df_cache_check(c, &err), DF_OK);

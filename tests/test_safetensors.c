@@ -8,7 +8,6 @@
 
 #include "model/safetensors.h"
 
-#include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -78,11 +77,6 @@ static void write_st(const char *dir, const char *name, const char *header, size
     free(b);
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static char *make_tmpdir(void) {
     char *d = strdup("/tmp/df-test-st-XXXXXX");
     assert_non_null(mkdtemp(d));
@@ -90,7 +84,7 @@ static char *make_tmpdir(void) {
 }
 
 static void rm_tmpdir(char *d) {
-    nftw(d, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
+    df_test_rm_tree(d);
     free(d);
 }
 

@@ -37,20 +37,6 @@ static void write_text(const char *path, const void *data, size_t n) {
     assert_int_equal(fclose(f), 0);
 }
 
-static char *excerpt_path(void) {
-    static char p[512];
-    snprintf(p, sizeof p, "%s/tests/data/traces/intent-excerpt.trace", df_test_root());
-    return p;
-}
-
-/* tiny deterministic generator (xorshift) */
-static uint64_t g_rng = 88172645463325252ull;
-static uint32_t rnd(uint32_t n) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng % n);
-}
 /* ---- trace parsing ---------------------------------------------------------- */
 
 #define HDR "# moe-routing-trace v1\n# model: toy\n# moe_layers: 2  experts_per_layer: 4  top_k: 2\n"
@@ -78,7 +64,7 @@ static void test_trace_parse_ok(void **st) {
     df_trace_free(&t);
 
     /* the real header, including "(model layers 1..26)" */
-    assert_int_equal(df_trace_load(&t, excerpt_path(), &err), DF_OK);
+    assert_int_equal(df_trace_load(&t, df_test_trace_excerpt(), &err), DF_OK);
     assert_int_equal(t.n_layers, 26);
     assert_int_equal(t.n_experts, 64);
     assert_int_equal(t.top_k, 6);
@@ -161,7 +147,7 @@ static void test_trace_roundtrip_and_writer(void **st) {
     (void)st;
     df_trace a, b;
     df_error err;
-    assert_int_equal(df_trace_load(&a, excerpt_path(), &err), DF_OK);
+    assert_int_equal(df_trace_load(&a, df_test_trace_excerpt(), &err), DF_OK);
     assert_int_equal(df_trace_write_file(&a, tmp("rt.trace"), &err), DF_OK);
     assert_int_equal(df_trace_load(&b, tmp("rt.trace"), &err), DF_OK);
     assert_int_equal(a.n_tokens, b.n_tokens);
@@ -260,7 +246,7 @@ static void test_heat_persistence(void **st) {
     char why[1024];
     assert_int_equal(df_heat_init(&a, 3, 5, 64, &err), DF_OK);
     for (int t = 0; t < 300; t++) {
-        df_heat_add(&a, (int)rnd(15));
+        df_heat_add(&a, (int)df_test_rnd(15));
         df_heat_add(&a, t % 15);
         df_heat_token_end(&a);
     }
@@ -370,7 +356,7 @@ static void test_heat_roundtrip_through_cache(void **st) {
      * replay used most */
     df_trace t;
     df_error err;
-    assert_int_equal(df_trace_load(&t, excerpt_path(), &err), DF_OK);
+    assert_int_equal(df_trace_load(&t, df_test_trace_excerpt(), &err), DF_OK);
     df_cache_opts o;
     memset(&o, 0, sizeof o);
     o.n_layers = t.n_layers;
@@ -426,13 +412,13 @@ static int sim(const char *a1, const char *a2, const char *a3, const char *a4,
 
 static void test_cache_sim_cli(void **st) {
     (void)st;
-    const char *tr = excerpt_path();
+    const char *tr = df_test_trace_excerpt();
     assert_int_equal(sim("--trace", tr, "--fraction", "0.1", "--policy", "all"), 0);
     assert_int_equal(sim("--trace", tr, "--slots", "200", "--policy", "lru,deltafin"), 0);
     assert_int_equal(sim("--trace", tr, "--slots", "200", "--save-heat", tmp("sim.heat")), 0);
     struct stat sb;
     assert_int_equal(stat(tmp("sim.heat"), &sb), 0);
-    char *argv[] = {"--trace", excerpt_path(), "--fraction", "0.1",
+    char *argv[] = {"--trace", (char *)df_test_trace_excerpt(), "--fraction", "0.1",
                     "--heat", (char *)tmp("sim.heat"), "--pin", "0.5", "--warmup", "10",
                     "--policy", "deltafin", NULL};
     fflush(stdout);
@@ -463,7 +449,7 @@ static void test_cache_sim_streams(void **st) {
     (void)st;
     df_trace t;
     df_error err;
-    assert_int_equal(df_trace_load(&t, excerpt_path(), &err), DF_OK);
+    assert_int_equal(df_trace_load(&t, df_test_trace_excerpt(), &err), DF_OK);
     df_cache_opts o = {.n_layers = t.n_layers, .n_experts = t.n_experts, .top_k = t.top_k, .n_slots = 60,
                        .policy = DF_POLICY_DELTAFIN};
     int windows;
@@ -504,7 +490,7 @@ static void test_cache_sim_streams(void **st) {
     df_cache_free(a), df_cache_sim_steps_free(s), df_trace_free(&t);
     assert_null(df_cache_sim_steps(&t, &(df_sim_streams){0, 0, 1}, &windows));
     /* the command: usage errors are 2 */
-    const char *tr = excerpt_path();
+    const char *tr = df_test_trace_excerpt();
     assert_int_equal(sim("--trace", tr, "--slots", "60", "--streams", "1"), 0); /* 263 tokens: one window of 144 */
     assert_int_equal(sim("--trace", tr, "--slots", "60", "--stream-decode", "4"), 2);
     assert_int_equal(sim("--trace", tr, "--streams", "2", "--warmup", "4"), 2);
@@ -512,21 +498,6 @@ static void test_cache_sim_streams(void **st) {
 }
 
 /* ---- main ---------------------------------------------------------------------------- */
-
-static int rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    for (struct dirent *de; (de = readdir(d));) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    return rmdir(dir);
-}
 
 static int setup(void **st) {
     (void)st;
@@ -536,7 +507,7 @@ static int setup(void **st) {
 
 static int teardown(void **st) {
     (void)st;
-    rm_tree(g_root);
+    df_test_rm_tree(g_root);
     return 0;
 }
 

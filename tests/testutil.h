@@ -6,8 +6,10 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "util/util.h"
 
@@ -28,5 +30,29 @@ static inline void df_test_copy_file(const char *from, const char *to) {
     assert_int_equal(fwrite(d, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
     free(d);
+}
+static inline int df_test_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+/* Removes a test's scratch directory and everything in it. */
+static inline void df_test_rm_tree(const char *dir) { nftw(dir, df_test_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* The real-routing excerpt in tests/data/traces (see the README there). */
+static inline const char *df_test_trace_excerpt(void) {
+    static char p[512];
+    snprintf(p, sizeof p, "%s/tests/data/traces/intent-excerpt.trace", df_test_root());
+    return p;
+}
+
+/* A tiny deterministic generator (xorshift), the same sequence in every test
+ * binary: uniform in [0, n). */
+static inline uint32_t df_test_rnd(uint32_t n) {
+    static uint64_t s = 88172645463325252ull;
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return (uint32_t)(s % n);
 }
 #endif
