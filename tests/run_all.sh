@@ -18,7 +18,8 @@ failed_names=()
 note() { printf '%s\n' "$*"; }
 # each part's wall time, so the slow ones are visible ("== name" ... "-- name: Ns")
 t_part=0
-took() { local now; now=$(date +%s); printf -- '-- %s: %ds\n' "$1" $((now - t_part)); t_part=$now; }
+part() { note "== $1"; t_part=$(date +%s); }
+took() { printf -- '-- %s: %ds\n' "$1" $(($(date +%s) - t_part)); }
 count() { # name passed failed
     pass=$((pass + $2)); fail=$((fail + $3))
     [ "$3" -eq 0 ] || failed_names+=("$1")
@@ -35,8 +36,7 @@ fi
 for t in "$B"/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    note "== $name"
-    t_part=$(date +%s)
+    part "$name"
     out=$("$t" 2>&1)
     rc=$?
     printf '%s\n' "$out" | grep -E '^\[ +(OK|FAILED|PASSED|ERROR|SKIPPED) +\]|^\[==========\]|ERROR|Sanitizer|runtime error' | head -100
@@ -53,8 +53,7 @@ done
 
 run_counted() { # name command... ; the command ends with "N passed, N failed"
     local name=$1; shift
-    note "== $name"
-    t_part=$(date +%s)
+    part "$name"
     local out rc
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out" | tail -40
@@ -101,8 +100,7 @@ for fz in "$B"/fuzz/fuzz_*; do
     [ -x "$fz" ] || continue
     name=$(basename "$fz")
     corpus=tests/fuzz/corpus/${name#fuzz_}
-    note "== $name"
-    t_part=$(date +%s)
+    part "$name"
     if out=$("$fz" -t "${DF_FUZZ_SECONDS:-5}" "$corpus" 2>&1); then
         printf '%s\n' "$out" | tail -2
         count "$name" 1 0

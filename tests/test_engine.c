@@ -132,12 +132,11 @@ static void check_recurrent_identical(int which) {
      * calls of 5 rows cut into passes of 3 (a pass ends inside a call and across calls) */
     struct { int step, chunk; } ways[] = {{NREC, 0}, {1, 0}, {NREC, 1}, {NREC, 3}, {NREC, 7}, {5, 3}};
     int checked = 0;
-    const char *best = df_isa_name(df_isa_detect());
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!isa_available(isas[i])) continue;
         /* every way on the CPU's own path; the others (slow under the
          * sanitizers) with 2 threads in whole and split passes */
-        bool all = strcmp(isas[i], best) == 0;
+        bool all = df_isa_from_name(isas[i]) == (int)df_isa_detect();
         for (int threads = all ? 1 : 2; threads <= 2; threads++)
             for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
                 if (!all && w != 0 && w != 5) continue;

@@ -206,7 +206,9 @@ INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
  * The F32 of decode(q) * 2^-8 (dec16's f) has at most 4 significant bits and
  * is never subnormal, so its bytes 1 and 0 are zero and bytes 3 and 2 are
  * functions of q: byte 3 = (q & 0x80) | B3[q & 0x7f], byte 2 = B2[q & 0x7f],
- * two 128-entry tables that one VPERMT2B each looks up for 64 bytes at once;
+ * two 128-entry tables (below: those bytes of df_e4m3_to_f32(q) * 2^-8;
+ * test_kernels_fmt runs every code) that one VPERMT2B each looks up for 64
+ * bytes at once;
  * one zero-masked VPERMT2B per 16 values then puts them in place (instead of
  * widen, shift, mask and widen per 16: the decoding, not memory, bounds FP8).
  * Entry 0x7f (NaN) is never used: blocks with NaN codes take qstep. */

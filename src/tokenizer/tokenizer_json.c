@@ -411,7 +411,6 @@ static int load_merges(df_tokenizer *t, json_t *merges, df_error *err) {
         df_tok_merge_put(t, ia, ib, (uint32_t)i, im);
     }
     free(buf);
-
     return DF_OK;
 }
 
