@@ -134,8 +134,9 @@ for (sec, pct, arm), rs in sorted(groups.items()):
 def deepseek_summary():
     """Issue 21's figures from the deepseek section: per repetition, the arms of
     that repetition paired (they ran back to back): the MLA share of a decode
-    step at the long context, by the step's growth over the short context and
-    by bench_mla's timer of the block alone; prefill per token over decode."""
+    step at the long context, by the step's growth over the short context, by
+    the growth of the engine's own attention timer over the long step, and by
+    bench_mla's timer of the block alone; prefill per token over decode."""
     ds = [r for r in runs if r["section"] == "deepseek"]
     if not ds:
         return None
@@ -146,17 +147,20 @@ def deepseek_summary():
     mla = {r["rep"]: r for r in rows if r.get("event") == "mla" and r.get("section") == "deepseek"}
     cache = next((r for r in rows if r.get("event") == "cache" and r.get("section") == "deepseek"), None)
     layers = cache["layers"] if cache else None
-    growth, timer, ratio, long_ctx = [], [], [], None
+    growth, attn, timer, ratio, long_ctx = [], [], [], [], None
+    step = lambda r, k: r[k] / r["decode_tokens"]  # seconds per decode step
     for rep, a in sorted(reps.items()):
         if "long" in a:
             long_ctx = a["long"]["prompt_tokens"] + a["long"]["decode_tokens"]
         if "short" in a and "long" in a:
             growth.append(1 - a["long"]["tokens_per_s"] / a["short"]["tokens_per_s"])
+            if "attn_s" in a["long"] and "attn_s" in a["short"]:
+                attn.append((step(a["long"], "attn_s") - step(a["short"], "attn_s")) / step(a["long"], "decode_s"))
         if "long" in a and rep in mla and layers:
             timer.append(mla[rep]["mla_decode_ms"] * layers / 1e3 * a["long"]["tokens_per_s"])
         if "short" in a and "prefill" in a and a["prefill"].get("prefill_s"):
             ratio.append(a["prefill"]["prompt_tokens"] / a["prefill"]["prefill_s"] / a["short"]["tokens_per_s"])
-    return {"mla_share_growth": stats(growth), "mla_share_timer": stats(timer), "prefill_over_decode": stats(ratio),
+    return {"mla_share_growth": stats(growth), "mla_share_attn": stats(attn), "mla_share_timer": stats(timer), "prefill_over_decode": stats(ratio),
             "mla_decode_ms": stats([r["mla_decode_ms"] for r in mla.values()]),
             "mla_prefill_ms_per_row": stats([r["mla_prefill_ms_per_row"] for r in mla.values()]),
             "long_context": long_ctx, "layers": layers, "cache": cache}
@@ -247,6 +251,8 @@ if ds_summary:
     fmt = lambda k, f="{:.3f}": m(d, k, f)
     md += [f"- MLA share of a decode step at context {d['long_context']}: {fmt('mla_share_growth')} "
            "(the step's growth from context 16, per repetition); "
+           f"{fmt('mla_share_attn')} (the engine's attention time per step, its growth from context 16 "
+           "over the step); "
            f"{fmt('mla_share_timer')} (bench_mla's block time x {d['layers']} layers over the step)",
            f"- bench_mla at that context, one layer, 2 threads: decode {fmt('mla_decode_ms')} ms, "
            f"prefill {fmt('mla_prefill_ms_per_row', '{:.4f}')} ms per row",

@@ -184,6 +184,12 @@ void df_axpy_rows(float *y, int ldy, const float *a, int lda, const void *x, df_
  * is +0), the sum in the 16 lanes and tree of the products above, then
  * e * (1 / sum). NaNs are skipped by the max and come out as NaN. */
 void df_softmax_f32(float *x, int n, float scale);
+/* Its unnormalised part: the same x = e in place, *sum = S (+0 for n <= 0),
+ * returns m, the max of scale * x (-inf when every element is NaN or n <= 0).
+ * Online softmax over fixed blocks of positions builds on it (mla.c). */
+float df_softmax_exp_f32(float *x, int n, float scale, float *sum);
+/* softmax.h's exponential of one value: the bits every path's lanes give. */
+float df_exp_f32(float x);
 
 /* Widens n elements of a dtype to F32. */
 void df_to_f32(float *dst, const void *src, df_dtype t, size_t n);

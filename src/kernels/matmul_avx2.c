@@ -28,7 +28,7 @@ void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
 void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
                        const int *n, int c0, int c1);
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
-void df_softmax_f32_avx2(float *x, int n, float scale);
+float df_softmax_exp_f32_avx2(float *x, int n, float scale, float *sum);
 void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
 
 #define INL static inline __attribute__((always_inline))
@@ -296,7 +296,7 @@ void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x
     }
 }
 
-/* ---- df_softmax_f32: softmax.c's C path, 8 elements at a time -------------- */
+/* ---- df_softmax_exp_f32: softmax.c's C path, 8 elements at a time ---------- */
 
 INL __m256 exp8(__m256 x) {
     __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(DF_EXP_LOG2E), _mm256_set1_ps(0.5f)));
@@ -317,7 +317,7 @@ INL __m256 exp8(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-void df_softmax_f32_avx2(float *x, int n, float scale) {
+float df_softmax_exp_f32_avx2(float *x, int n, float scale, float *sum) {
     __m256 sc = _mm256_set1_ps(scale), mv = _mm256_set1_ps(-INFINITY);
     int j = 0;
     /* max_ps(v, acc) returns acc where v is NaN: NaNs are skipped, as in C */
@@ -348,10 +348,8 @@ void df_softmax_f32_avx2(float *x, int n, float scale) {
         _mm256_store_ps(b, e0), _mm256_store_ps(b + 8, e1);
         for (int i = 0; j + i < n; i++) x[j + i] = b[i];
     }
-    float inv = 1.0f / hsum2x8(lo, hi);
-    __m256 iv = _mm256_set1_ps(inv);
-    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), iv));
-    for (; j < n; j++) x[j] *= inv;
+    *sum = hsum2x8(lo, hi);
+    return mx;
 }
 
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n) {

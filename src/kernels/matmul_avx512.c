@@ -39,7 +39,7 @@ void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
 void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
                          int R, const int *n, int c0, int c1);
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
-void df_softmax_f32_avx512(float *x, int n, float scale);
+float df_softmax_exp_f32_avx512(float *x, int n, float scale, float *sum);
 void df_to_f32_c(float *dst, const void *src, df_dtype t, size_t n);
 
 #define INL static inline __attribute__((always_inline))
@@ -295,7 +295,7 @@ void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void 
     }
 }
 
-/* ---- df_softmax_f32: softmax.c's C path, 16 elements at a time ------------- */
+/* ---- df_softmax_exp_f32: softmax.c's C path, 16 elements at a time --------- */
 
 INL __m512 exp16(__m512 x) {
     __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(DF_EXP_LOG2E), _mm512_set1_ps(0.5f)),
@@ -318,7 +318,7 @@ INL __m512 exp16(__m512 x) {
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
-void df_softmax_f32_avx512(float *x, int n, float scale) {
+float df_softmax_exp_f32_avx512(float *x, int n, float scale, float *sum) {
     __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
     int j = 0;
     /* max_ps(v, acc) returns acc where v is NaN: NaNs are skipped, as in C */
@@ -344,9 +344,8 @@ void df_softmax_f32_avx512(float *x, int n, float scale) {
         _mm512_mask_storeu_ps(x + j, m, e);
         lanes = _mm512_mask_add_ps(lanes, m, lanes, e);
     }
-    __m512 inv = _mm512_set1_ps(1.0f / hsum16(lanes));
-    for (j = 0; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
-    if (j < n) _mm512_mask_storeu_ps(x + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), inv));
+    *sum = hsum16(lanes);
+    return _mm512_cvtss_f32(mv);
 }
 
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n) {

@@ -1,12 +1,13 @@
 /*
- * softmax.c - df_softmax_f32: dispatch to the selected instruction-set path,
- * and the portable C path, which the SIMD paths match bit for bit.
+ * softmax.c - df_softmax_exp_f32: dispatch to the selected instruction-set
+ * path, and the portable C path, which the SIMD paths match bit for bit;
+ * df_softmax_f32 on top of it, and the exponential alone (df_exp_f32).
  *
  * In place: x = scale * x; m = max (NaNs skipped); e = exp(x - m) (softmax.h);
  * S = the sum of e in 16 lanes, element j into lane j % 16, then the fixed
- * tree lanes[i] += lanes[i+8], +4, +2, +1 (kernels.h's order, with plain adds);
- * x = e * (1 / S). Every e is >= +0, so lanes start at +0 and a padded lane's
- * +0 changes nothing: the C path simply stops at n.
+ * tree lanes[i] += lanes[i+8], +4, +2, +1 (kernels.h's order, with plain adds).
+ * Every e is >= +0, so lanes start at +0 and a padded lane's +0 changes
+ * nothing: the C path simply stops at n. df_softmax_f32 then sets x = e * (1 / S).
  */
 #include "kernels/kernels.h"
 #include "kernels/softmax.h"
@@ -15,8 +16,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define DF_HAVE_X86 1
-void df_softmax_f32_avx2(float *x, int n, float scale);
-void df_softmax_f32_avx512(float *x, int n, float scale);
+float df_softmax_exp_f32_avx2(float *x, int n, float scale, float *sum);
+float df_softmax_exp_f32_avx512(float *x, int n, float scale, float *sum);
 #else
 #define DF_HAVE_X86 0
 #endif
@@ -41,7 +42,9 @@ static float exp_c(float x) {
     return y * s;
 }
 
-static void softmax_c(float *x, int n, float scale) {
+float df_exp_f32(float x) { return exp_c(x); }
+
+static float softmax_exp_c(float *x, int n, float scale, float *sum) {
     float mx = -INFINITY, lanes[16] = {0};
     for (int j = 0; j < n; j++) {
         x[j] *= scale;
@@ -51,18 +54,26 @@ static void softmax_c(float *x, int n, float scale) {
     for (int i = 0; i < 8; i++) lanes[i] = lanes[i] + lanes[i + 8];
     for (int i = 0; i < 4; i++) lanes[i] = lanes[i] + lanes[i + 4];
     for (int i = 0; i < 2; i++) lanes[i] = lanes[i] + lanes[i + 2];
-    float inv = 1.0f / (lanes[0] + lanes[1]);
-    for (int j = 0; j < n; j++) x[j] *= inv;
+    *sum = lanes[0] + lanes[1];
+    return mx;
 }
 
-void df_softmax_f32(float *x, int n, float scale) {
-    if (n <= 0) return;
+float df_softmax_exp_f32(float *x, int n, float scale, float *sum) {
+    *sum = 0.0f;
+    if (n <= 0) return -INFINITY;
 #if DF_HAVE_X86
     switch (df_isa_get()) {
-    case DF_ISA_AVX512: df_softmax_f32_avx512(x, n, scale); return;
-    case DF_ISA_AVX2: df_softmax_f32_avx2(x, n, scale); return;
+    case DF_ISA_AVX512: return df_softmax_exp_f32_avx512(x, n, scale, sum);
+    case DF_ISA_AVX2: return df_softmax_exp_f32_avx2(x, n, scale, sum);
     default: break;
     }
 #endif
-    softmax_c(x, n, scale);
+    return softmax_exp_c(x, n, scale, sum);
+}
+
+void df_softmax_f32(float *x, int n, float scale) {
+    float sum;
+    df_softmax_exp_f32(x, n, scale, &sum);
+    float inv = 1.0f / sum;
+    for (int j = 0; j < n; j++) x[j] *= inv;
 }

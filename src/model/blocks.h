@@ -84,11 +84,14 @@ typedef struct df_mla_work {
     int rows, max_ctx;
     float *qcat;          /* [rows][nh][kvl + rope] absorbed queries */
     float *olat;          /* [rows][nh][kvl] attention-weighted latents */
-    float *score;         /* [score_cap] */
-    size_t score_cap;
+    float *ml;            /* [rows][nh][2] the online softmax's running max and sum */
+    float *wave;          /* [wave_cap] one wave of blocks' scores and partial sums */
+    size_t wave_cap;
     int *len;             /* [rows][nh] positions each row-head sums over */
 } df_mla_work;
 
+/* Scratch for batches of up to `rows` rows; max_ctx only sizes it (a longer
+ * context takes more passes over it, with the same result). */
 df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx);
 void df_mla_work_free(df_mla_work *w);
 uint64_t df_mla_work_bytes(const df_mla *a, int rows, int max_ctx);
@@ -96,9 +99,10 @@ uint64_t df_mla_work_bytes(const df_mla *a, int rows, int max_ctx);
 /* Causal attention of every row of the batch over its sequence's latent cache
  * (layer li; the rows' cache rows already appended), in the absorbed form for
  * every row: q_lat = W_UK^T q_nope per head, score_j = [q_lat | q_pe] . cache_j,
- * softmax, o_lat = sum_j p_j latent_j, out = W_UV o_lat. q [T][nh][nope+rope]
- * (rope part rotated), out [T][nh*v]. One form for prefill and decode, so a
- * row's result is the same in a batch of any size. */
+ * softmax, o_lat = sum_j p_j latent_j, out = W_UV o_lat, the softmax online
+ * over fixed blocks of positions (mla.c). q [T][nh][nope+rope] (rope part
+ * rotated), out [T][nh*v]. One form for prefill and decode, so a row's result
+ * is the same in a batch of any size. Rows of one sequence are consecutive. */
 void df_mla_attend(df_pool *p, const df_batch *b, int li, const df_mla *a, const df_weight *kv_b,
                    const float *q, float *out, df_mla_work *w);
 

@@ -6,34 +6,52 @@
  * One form for every step: prefill rows are computed exactly as decode rows,
  * so a row's output does not depend on the batch. Every reduction has a fixed
  * order per output element: the absorbed query sums kv_b's key rows in row
- * order (one fused multiply-add per element, df_axpy_f32), scores are
- * df_matmul dot products of the query with cache rows, the weighted latent
- * sums positions in order (df_axpy_f32), and the value projection is a
- * df_matmul_rows product. Work is split over heads, positions or latent
- * columns, never over a sum.
+ * order (one fused multiply-add per element, df_axpy_f32), and the value
+ * projection is a df_matmul_rows product.
  *
- * The cache is read twice per group of rows (scores, then the weighted sum),
- * for all heads at once, rather than once per head.
+ * The softmax is online over fixed blocks of MLA_BLOCK positions, aligned to
+ * position 0, so the latent cache is read once: a block's scores (df_matmul
+ * dot products with the cache rows), e = exp(s - m_b) with its sum l_b
+ * (df_softmax_exp_f32) and o_b = sum_j e_j latent_j in position order
+ * (df_axpy_rows) are computed while the block is in cache. The blocks are
+ * then merged into a running (M, L, O) in block order, whatever thread
+ * computed them:
+ *     M' = max(M, m_b); a = exp(M - M'); c = exp(m_b - M')
+ *     O = fma(c, o_b, O * a) per element; L = L * a + l_b * c
+ * starting from (-inf, 0, 0), and o_lat = O * (1 / L). A row's blocks depend
+ * only on its position, so its result is the same alone or batched, with any
+ * thread count. Work is split over blocks and runs of row-heads, never over
+ * a sum.
  */
 #include "model/blocks.h"
 
+#include <math.h>
 #include <stdlib.h>
 
-/* Score rows (row x head x position) computed at once: the cache is streamed
- * once per group of rows that fits. */
-#define MLA_SCORE_FLOATS ((size_t)1 << 22)
+#ifndef MLA_BLOCK
+/* positions per block (590 KB of a 576-wide F32 cache, kept in L2; 128-512
+ * measured within noise of each other); -D for tuning experiments */
+#define MLA_BLOCK 256
+#endif
+#define MLA_RUN 16    /* row-heads per work item */
+/* Floats of the scratch for one wave of blocks: a block's scores, partial
+ * latent sum, max and sum per row-head (below), for as many row-heads and
+ * blocks as fit. */
+#define MLA_WAVE_FLOATS ((size_t)1 << 22)
 
-static size_t score_cap(const df_mla *a, int rows, int max_ctx) {
-    size_t one = (size_t)a->nh * (size_t)max_ctx, all = one * (size_t)rows;
-    size_t cap = all < MLA_SCORE_FLOATS ? all : MLA_SCORE_FLOATS;
+/* Floats per row-head per block: [scores MLA_BLOCK | o_b kvl | m_b | l_b]. */
+static size_t slot_floats(const df_mla *a) { return (size_t)MLA_BLOCK + (size_t)a->kvl + 2; }
+
+static size_t wave_cap(const df_mla *a, int rows, int max_ctx) {
+    size_t one = (size_t)a->nh * slot_floats(a), blocks = ((size_t)max_ctx + MLA_BLOCK - 1) / MLA_BLOCK;
+    size_t all = one * blocks * (size_t)rows;
+    size_t cap = all < MLA_WAVE_FLOATS ? all : MLA_WAVE_FLOATS;
     return cap > one ? cap : one;
 }
 
 uint64_t df_mla_work_bytes(const df_mla *a, int rows, int max_ctx) {
-    size_t dim = (size_t)a->kvl + (size_t)a->rope;
-    return sizeof(float) * ((uint64_t)rows * (uint64_t)a->nh * (dim + (uint64_t)a->kvl) +
-                            score_cap(a, rows, max_ctx)) +
-           sizeof(int) * (uint64_t)rows * (uint64_t)a->nh;
+    uint64_t R = (uint64_t)rows * (uint64_t)a->nh, dim = (uint64_t)a->kvl + (uint64_t)a->rope;
+    return sizeof(float) * (R * (dim + (uint64_t)a->kvl + 2) + wave_cap(a, rows, max_ctx)) + sizeof(int) * R;
 }
 
 df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx) {
@@ -43,15 +61,16 @@ df_mla_work *df_mla_work_new(const df_mla *a, int rows, int max_ctx) {
     w->max_ctx = max_ctx;
     w->qcat = df_aligned_alloc(sizeof(float) * R * dim);
     w->olat = df_aligned_alloc(sizeof(float) * R * (size_t)a->kvl);
-    w->score_cap = score_cap(a, rows, max_ctx);
-    w->score = df_aligned_alloc(sizeof(float) * w->score_cap);
+    w->ml = df_aligned_alloc(sizeof(float) * R * 2);
+    w->wave_cap = wave_cap(a, rows, max_ctx);
+    w->wave = df_aligned_alloc(sizeof(float) * w->wave_cap);
     w->len = df_xcalloc(R, sizeof(int));
     return w;
 }
 
 void df_mla_work_free(df_mla_work *w) {
     if (!w) return;
-    free(w->qcat), free(w->olat), free(w->score), free(w->len);
+    free(w->qcat), free(w->olat), free(w->ml), free(w->wave), free(w->len);
     free(w);
 }
 
@@ -65,10 +84,11 @@ typedef struct {
     df_mla_work *w;
     float *out;
     int T;
-    /* the current group of rows of one sequence */
-    int g0, gn, L;
     const int *pos;
     const float *cache;
+    /* the current group of rows of one sequence, and its wave of blocks */
+    int g0, gn, b0, wn, runs;
+    bool last;
 } mla_ctx;
 
 /* Heads [h0, h1): qcat = [W_UK^T q_nope | q_pe] for every row. The latent part
@@ -100,23 +120,69 @@ static void absorb_heads(void *vctx, int h0, int h1) {
     free(dec);
 }
 
-/* Row-heads [i0, i1) of the group: scale, causal mask, softmax in place. */
-static void softmax_items(void *vctx, int i0, int i1) {
-    const mla_ctx *c = vctx;
-    for (int i = i0; i < i1; i++)
-        df_softmax_f32(c->w->score + (size_t)i * c->L, c->pos[c->g0 + i / c->a->nh] + 1, c->a->scale);
+/* Positions of block b that row-head i of the group attends to. */
+static int block_len(const mla_ctx *c, int i, int b) {
+    int n = c->pos[c->g0 + i / c->a->nh] + 1 - b * MLA_BLOCK;
+    return n < 0 ? 0 : n < MLA_BLOCK ? n : MLA_BLOCK;
 }
 
-/* Latent columns [c0, c1): o_lat = sum_j p_j latent_j over each row's
- * positions, in position order (df_axpy_rows: the cache is read once for all
- * the group's row-heads). */
-static void latent_sum(void *vctx, int c0, int c1) {
+/* The slot of row-head i of the group for wave block w. */
+static float *slot(const mla_ctx *c, int w, int i) {
+    return c->w->wave + ((size_t)w * (size_t)(c->gn * c->a->nh) + (size_t)i) * slot_floats(c->a);
+}
+
+/* Items [k0, k1): item k is run k % runs of the group's row-heads over block
+ * b0 + k / runs: scores, e and its sum, o_b. */
+static void block_items(void *vctx, int k0, int k1) {
     const mla_ctx *c = vctx;
     const df_mla *a = c->a;
-    int dim = a->kvl + a->rope, nrh = c->gn * a->nh;
-    float *olat = c->w->olat + (size_t)c->g0 * a->nh * a->kvl;
-    for (int i = 0; i < nrh; i++) memset(olat + (size_t)i * a->kvl + c0, 0, sizeof(float) * (size_t)(c1 - c0));
-    df_axpy_rows(olat, a->kvl, c->w->score, c->L, c->cache, DF_DT_F32, dim, nrh, c->w->len, c0, c1);
+    int dim = a->kvl + a->rope, nrh = c->gn * a->nh, ld = (int)slot_floats(a);
+    for (int k = k0; k < k1; k++) {
+        int w = k / c->runs, b = c->b0 + w, i0 = (k % c->runs) * MLA_RUN;
+        int i1 = i0 + MLA_RUN < nrh ? i0 + MLA_RUN : nrh, n[MLA_RUN], nb = 0;
+        /* skip the run's leading row-heads that end before the block (rows
+         * come in position order, so these are most of the ones that do) */
+        while (i0 < i1 && block_len(c, i0, b) == 0) i0++;
+        if (i0 == i1) continue;
+        for (int i = i0; i < i1; i++) {
+            n[i - i0] = block_len(c, i, b);
+            if (n[i - i0] > nb) nb = n[i - i0];
+        }
+        const float *blk = c->cache + (size_t)b * MLA_BLOCK * (size_t)dim;
+        df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, blk, NULL, nb, dim, 0};
+        float *s0 = slot(c, w, i0);
+        df_matmul_rows(s0, ld, c->w->qcat + ((size_t)c->g0 * a->nh + (size_t)i0) * dim, dim, &cv, i1 - i0, 0, nb);
+        for (int i = i0; i < i1; i++) {
+            float *sl = slot(c, w, i), *ol = sl + MLA_BLOCK;
+            ol[a->kvl] = df_softmax_exp_f32(sl, n[i - i0], a->scale, &ol[a->kvl + 1]);
+            memset(ol, 0, sizeof(float) * (size_t)a->kvl);
+        }
+        df_axpy_rows(s0 + MLA_BLOCK, ld, s0, ld, blk, DF_DT_F32, dim, i1 - i0, n, 0, a->kvl);
+    }
+}
+
+/* Row-heads [i0, i1) of the group: merge the wave's blocks in block order
+ * into the running (M, L, O = o_lat); after the last wave, o_lat = O / L. */
+static void merge_items(void *vctx, int i0, int i1) {
+    const mla_ctx *c = vctx;
+    const df_mla *a = c->a;
+    for (int i = i0; i < i1; i++) {
+        size_t r = (size_t)c->g0 * a->nh + (size_t)i;
+        float *O = c->w->olat + r * a->kvl, *ml = c->w->ml + 2 * r;
+        for (int w = 0; w < c->wn && block_len(c, i, c->b0 + w) > 0; w++) {
+            const float *ob = slot(c, w, i) + MLA_BLOCK;
+            float mb = ob[a->kvl], lb = ob[a->kvl + 1], M = ml[0] > mb ? ml[0] : mb;
+            float sa = df_exp_f32(ml[0] - M), sc = df_exp_f32(mb - M);
+            if (sa != 1.0f) /* x * 1 is x: skipping it changes no bit */
+                for (int j = 0; j < a->kvl; j++) O[j] *= sa;
+            df_axpy_f32(O, sc, ob, a->kvl);
+            ml[0] = M, ml[1] = ml[1] * sa + lb * sc;
+        }
+        if (c->last) {
+            float inv = 1.0f / ml[1];
+            for (int j = 0; j < a->kvl; j++) O[j] *= inv;
+        }
+    }
 }
 
 /* Heads [h0, h1): out = W_UV o_lat for every row. */
@@ -130,17 +196,24 @@ static void value_heads(void *vctx, int h0, int h1) {
     }
 }
 
-/* Rows [g0, g0 + gn) of one sequence over its first L positions. */
+/* Rows [g0, g0 + gn) of one sequence over its first L positions, in waves of
+ * as many blocks as the scratch holds. */
 static void attend_group(df_pool *p, mla_ctx *c, int g0, int gn, int L) {
     const df_mla *a = c->a;
-    int dim = a->kvl + a->rope;
-    c->g0 = g0, c->gn = gn, c->L = L;
-    df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, c->cache, NULL, L, dim, 0};
-    df_matmul(p, c->w->score, L, c->w->qcat + (size_t)g0 * a->nh * dim, dim, &cv, gn * a->nh);
-    df_pool_for(p, gn * a->nh, 1, softmax_items, c);
-    for (int i = 0; i < gn * a->nh; i++) c->w->len[i] = c->pos[g0 + i / a->nh] + 1;
-    /* whole 64-column tiles per thread where the width allows */
-    df_pool_for(p, a->kvl, a->kvl % 64 == 0 ? 64 : 16, latent_sum, c);
+    int nrh = gn * a->nh, blocks = (L + MLA_BLOCK - 1) / MLA_BLOCK;
+    size_t per_block = (size_t)nrh * slot_floats(a), fit = c->w->wave_cap / per_block;
+    int wave = fit < (size_t)blocks ? (int)fit : blocks;
+    c->g0 = g0, c->gn = gn, c->runs = (nrh + MLA_RUN - 1) / MLA_RUN;
+    for (int i = 0; i < nrh; i++) {
+        size_t r = (size_t)g0 * a->nh + (size_t)i;
+        c->w->ml[2 * r] = -INFINITY, c->w->ml[2 * r + 1] = 0.0f;
+        memset(c->w->olat + r * a->kvl, 0, sizeof(float) * (size_t)a->kvl);
+    }
+    for (int b0 = 0; b0 < blocks; b0 += wave) {
+        c->b0 = b0, c->wn = blocks - b0 < wave ? blocks - b0 : wave, c->last = b0 + c->wn == blocks;
+        df_pool_for(p, c->wn * c->runs, 1, block_items, c);
+        df_pool_for(p, nrh, 1, merge_items, c);
+    }
 }
 
 void df_mla_attend(df_pool *p, const df_batch *b, int li, const df_mla *a, const df_weight *kv_b,
@@ -148,20 +221,18 @@ void df_mla_attend(df_pool *p, const df_batch *b, int li, const df_mla *a, const
     mla_ctx c = {.a = a, .kv_b = kv_b, .q = q, .w = w, .out = out, .T = b->n, .pos = b->pos};
     for (int t = 0; t < b->n; t++) w->len[t] = a->nope; /* every row sums all nope key rows */
     df_pool_for(p, a->nh, 1, absorb_heads, &c);
-    /* Rows of one sequence are consecutive: take them in groups whose scores
-     * fit the buffer. */
+    /* Rows of one sequence are consecutive: take them in groups small enough
+     * that a wave holds a few blocks of each. */
+    size_t per_row = (size_t)a->nh * slot_floats(a) * 4;
+    int gmax = w->wave_cap / per_row > 0 ? (int)(w->wave_cap / per_row) : 1;
     for (int t = 0; t < b->n;) {
         const df_seq *s = b->seq[t];
         c.cache = df_latent_of(s->layer[li])->row;
         int end = t;
         while (end < b->n && b->seq[end] == s) end++;
         while (t < end) {
-            int gn = 0, L = 0;
-            while (t + gn < end) {
-                int L2 = b->pos[t + gn] + 1;
-                if ((size_t)(gn + 1) * a->nh * (size_t)L2 > w->score_cap && gn > 0) break;
-                L = L2, gn++;
-            }
+            int gn = end - t < gmax ? end - t : gmax, L = 0;
+            for (int i = t; i < t + gn; i++) L = b->pos[i] + 1 > L ? b->pos[i] + 1 : L;
             attend_group(p, &c, t, gn, L);
             t += gn;
         }
