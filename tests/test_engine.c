@@ -71,12 +71,6 @@ static float *run_chunk(const char *dir, int threads, const char *isa, int step,
     return run_tokens(dir, threads, isa, step, chunk, toks, NTOK, vocab);
 }
 
-/* Whether the CPU runs kernel path isa ("c" always). */
-static bool isa_available(const char *isa) {
-    int want = df_isa_from_name(isa);
-    return want >= 0 && (int)df_isa_detect() >= want;
-}
-
 static float *run(const char *dir, int threads, const char *isa, int step, int *vocab) {
     return run_chunk(dir, threads, isa, step, 0, vocab);
 }
@@ -92,7 +86,7 @@ static void check_identical(int which) {
     };
     int checked = 0;
     for (size_t a = 0; a < sizeof arms / sizeof arms[0]; a++) {
-        if (arms[a].isa && !isa_available(arms[a].isa)) continue; /* CPU lacks it */
+        if (arms[a].isa && !df_test_isa_available(arms[a].isa)) continue; /* CPU lacks it */
         int V2;
         float *got = run_chunk(model(which), arms[a].threads, arms[a].isa, arms[a].step,
                                arms[a].chunk, &V2);
@@ -133,7 +127,7 @@ static void check_recurrent_identical(int which) {
     struct { int step, chunk; } ways[] = {{NREC, 0}, {1, 0}, {NREC, 1}, {NREC, 3}, {NREC, 7}, {5, 3}};
     int checked = 0;
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        if (!isa_available(isas[i])) continue;
+        if (!df_test_isa_available(isas[i])) continue;
         /* every way on the CPU's own path; the others (slow under the
          * sanitizers) with 2 threads in whole and split passes */
         bool all = df_isa_from_name(isas[i]) == (int)df_isa_detect();

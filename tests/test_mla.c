@@ -29,13 +29,6 @@ static df_seq *seq[2];
 static df_tensor kvb_t;
 static df_weight kv_b;
 
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* uniform in [-1, 1) */
 static float frand(void) { return (float)df_test_rnd(1u << 20) / (float)(1u << 19) - 1.0f; }
 
@@ -108,7 +101,8 @@ static void reference(int s, int pos, float scale, double *out) {
         const float *qh = q[s][pos] + h * QD;
         double ql[KVL] = {0}, o[KVL] = {0}, mx = -INFINITY, sum = 0;
         for (int c = 0; c < KVL; c++)
-            for (int i = 0; i < NOPE; i++) ql[c] += (double)qh[i] * bf16_to_f32(kvb[(h * (NOPE + VD) + i) * KVL + c]);
+            for (int i = 0; i < NOPE; i++)
+                ql[c] += (double)qh[i] * df_bf16_to_f32(kvb[(h * (NOPE + VD) + i) * KVL + c]);
         for (int j = 0; j <= pos; j++) {
             const float *cj = cache + (size_t)j * DIM;
             double d = 0;
@@ -122,7 +116,7 @@ static void reference(int s, int pos, float scale, double *out) {
             for (int c = 0; c < KVL; c++) o[c] += p[j] / sum * cache[(size_t)j * DIM + c];
         for (int v = 0; v < VD; v++) {
             double y = 0;
-            for (int c = 0; c < KVL; c++) y += bf16_to_f32(kvb[(h * (NOPE + VD) + NOPE + v) * KVL + c]) * o[c];
+            for (int c = 0; c < KVL; c++) y += df_bf16_to_f32(kvb[(h * (NOPE + VD) + NOPE + v) * KVL + c]) * o[c];
             out[h * VD + v] = y;
         }
     }
@@ -162,11 +156,6 @@ static void test_matches_reference(void **st) {
     free(got);
 }
 
-static bool isa_available(const char *isa) {
-    int want = df_isa_from_name(isa);
-    return want >= 0 && (int)df_isa_detect() >= want;
-}
-
 /* Rows around the block edges and the ends, of both sequences (the C path
  * under the sanitizers is slow: the other paths check these). */
 static int sub_pos[2 * 12], sub_seq[2 * 12];
@@ -195,7 +184,7 @@ static void test_bit_identical(void **st) {
         {1, 2, "avx512", CTX, 1}, {5, 2, "avx512", CTX, 0},
     };
     for (size_t a = 0; a < sizeof arms / sizeof arms[0]; a++) {
-        if (strcmp(arms[a].isa, "auto") && !isa_available(arms[a].isa)) continue;
+        if (strcmp(arms[a].isa, "auto") && !df_test_isa_available(arms[a].isa)) continue;
         const int *sq = arms[a].subset ? sub_seq : all_seq, *ps = arms[a].subset ? sub_pos : all_pos;
         int rows = arms[a].subset ? 24 : (int)n;
         attend(rows, sq, ps, arms[a].step, arms[a].threads, arms[a].isa, arms[a].max_ctx, got);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 /* Root of the repository (tests run from it); overridable for out-of-tree runs. */
@@ -55,4 +56,10 @@ static inline uint32_t df_test_rnd(uint32_t n) {
     s ^= s << 17;
     return (uint32_t)(s % n);
 }
+/* Whether this CPU runs kernel path isa ("c" always; "auto" the detected one). */
+static inline bool df_test_isa_available(const char *isa) {
+    int want = df_isa_from_name(isa);
+    return want >= 0 && (int)df_isa_detect() >= want;
+}
+
 #endif
