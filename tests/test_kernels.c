@@ -5,8 +5,9 @@
  * CPU can run gives y bit-identical to the portable C path; a batch of T rows
  * equals T single-row calls; 1, 2 and 3 threads agree; y is close to a double
  * reference; special values (signed zeros, F16 subnormals, inf, NaN) agree
- * across paths. Also df_dot_f32, df_axpy_f32, df_axpy_rows, df_softmax_f32, df_to_f32, the ISA API, and the
- * pool's range splitting, wake-up after sleep, nesting and concurrent callers.
+ * across paths. Also df_dot_f32, df_axpy_f32, df_scale_f32, df_axpy_rows,
+ * df_softmax_f32, df_to_f32, the ISA API, and the pool's range splitting,
+ * wake-up after sleep, nesting and concurrent callers.
  */
 #include "testutil.h"
 
@@ -385,6 +386,13 @@ static void test_dot_axpy(void **state) {
             df_axpy_f32(y0, ya, b, n);
             assert_int_equal(first_diff(y0, ref, (size_t)n, 0), -1);
             assert_int_equal(first_diff(y0 + n, y1 + n, 300 - (size_t)n, 0), -1); /* untouched */
+            /* df_scale_f32: one rounded product per element, the rest untouched */
+            memcpy(y0, b, sizeof y0);
+            df_scale_f32(y0, n, ya);
+            for (int i = 0; i < 300; i++) {
+                float want = i < n ? b[i] * ya : b[i];
+                if (memcmp(&y0[i], &want, 4)) fail_msg("%s scale n=%d: element %d", df_isa_name((df_isa)isa), n, i);
+            }
         }
     }
     assert_int_equal(df_isa_set(df_isa_detect()), 0);

@@ -168,6 +168,8 @@ void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *
 float df_dot_f32(const float *a, const float *b, int n);
 /* y[i] += a * x[i] (elementwise, exact per element) */
 void df_axpy_f32(float *y, float a, const float *x, int n);
+/* x[i] *= s (elementwise, one rounding per element: the same on every path) */
+void df_scale_f32(float *x, int n, float s);
 /* A product whose reduction runs down the rows of x: for r < R and c0 <= c < c1,
  *   y[r*ldy + c] = fma(a[r*lda + j], x[j*ldx + c], y[r*ldy + c])  for j = 0 .. n[r]-1 in order,
  * i.e. exactly df_axpy_f32(y_r, a[r][j], x_j) applied for every j in turn, so

@@ -26,6 +26,7 @@ void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void 
                          df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx2(const float *a, const float *b, int n);
 void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
+void df_scale_f32_avx2(float *x, int n, float s);
 void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
                        const int *n, int c0, int c1);
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
@@ -33,6 +34,7 @@ void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const voi
                            df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx512(const float *a, const float *b, int n);
 void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
+void df_scale_f32_avx512(float *x, int n, float s);
 void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
                          int R, const int *n, int c0, int c1);
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
@@ -294,6 +296,17 @@ void df_axpy_f32(float *y, float a, const float *x, int n) {
     }
 #endif
     axpy_f32_c(y, a, x, n);
+}
+
+void df_scale_f32(float *x, int n, float s) {
+#if DF_HAVE_X86
+    switch (df_isa_get()) {
+    case DF_ISA_AVX512: df_scale_f32_avx512(x, n, s); return;
+    case DF_ISA_AVX2: df_scale_f32_avx2(x, n, s); return;
+    default: break;
+    }
+#endif
+    for (int i = 0; i < n; i++) x[i] *= s;
 }
 
 void df_axpy_rows(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,

@@ -25,6 +25,7 @@ void df_matmul_rows_avx2(float *y, int ldy, const float *x, int ldx, const void 
                          df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx2(const float *a, const float *b, int n);
 void df_axpy_f32_avx2(float *y, float a, const float *x, int n);
+void df_scale_f32_avx2(float *x, int n, float s);
 void df_axpy_rows_avx2(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx, int R,
                        const int *n, int c0, int c1);
 void df_to_f32_avx2(float *dst, const void *src, df_dtype t, size_t n);
@@ -202,6 +203,13 @@ void df_axpy_f32_avx2(float *y, float a, const float *x, int n) {
         __m128 r = _mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i]));
         y[i] = _mm_cvtss_f32(r);
     }
+}
+
+void df_scale_f32_avx2(float *x, int n, float s) {
+    __m256 sv = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+    for (; i < n; i++) x[i] *= s;
 }
 
 /* ---- df_axpy_rows ------------------------------------------------------------

@@ -36,6 +36,7 @@ void df_matmul_rows_avx512(float *y, int ldy, const float *x, int ldx, const voi
                            df_dtype wt, int T, int n0, int n1, int K);
 float df_dot_f32_avx512(const float *a, const float *b, int n);
 void df_axpy_f32_avx512(float *y, float a, const float *x, int n);
+void df_scale_f32_avx512(float *x, int n, float s);
 void df_axpy_rows_avx512(float *y, int ldy, const float *a, int lda, const void *x, df_dtype xt, int ldx,
                          int R, const int *n, int c0, int c1);
 void df_to_f32_avx512(float *dst, const void *src, df_dtype t, size_t n);
@@ -211,6 +212,16 @@ void df_axpy_f32_avx512(float *y, float a, const float *x, int n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
         _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+void df_scale_f32_avx512(float *x, int n, float s) {
+    __m512 sv = _mm512_set1_ps(s);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), sv));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sv));
     }
 }
 

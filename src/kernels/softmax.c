@@ -74,6 +74,5 @@ float df_softmax_exp_f32(float *x, int n, float scale, float *sum) {
 void df_softmax_f32(float *x, int n, float scale) {
     float sum;
     df_softmax_exp_f32(x, n, scale, &sum);
-    float inv = 1.0f / sum;
-    for (int j = 0; j < n; j++) x[j] *= inv;
+    df_scale_f32(x, n, 1.0f / sum);
 }

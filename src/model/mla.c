@@ -173,15 +173,11 @@ static void merge_items(void *vctx, int i0, int i1) {
             const float *ob = slot(c, w, i) + MLA_BLOCK;
             float mb = ob[a->kvl], lb = ob[a->kvl + 1], M = ml[0] > mb ? ml[0] : mb;
             float sa = df_exp_f32(ml[0] - M), sc = df_exp_f32(mb - M);
-            if (sa != 1.0f) /* x * 1 is x: skipping it changes no bit */
-                for (int j = 0; j < a->kvl; j++) O[j] *= sa;
+            if (sa != 1.0f) df_scale_f32(O, a->kvl, sa); /* x * 1 is x: skipping it changes no bit */
             df_axpy_f32(O, sc, ob, a->kvl);
             ml[0] = M, ml[1] = ml[1] * sa + lb * sc;
         }
-        if (c->last) {
-            float inv = 1.0f / ml[1];
-            for (int j = 0; j < a->kvl; j++) O[j] *= inv;
-        }
+        if (c->last) df_scale_f32(O, a->kvl, 1.0f / ml[1]);
     }
 }
 
