@@ -6,20 +6,19 @@
 set -eu
 A=$(realpath "$1"); B=$(realpath "$2"); N=${3:-6}
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BLD=${B_DIR:-build}
 M=$BLD/bench-models/moe-h2048-e128
 K=$BLD/bench_kernels
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
-for i in $(seq $N); do
-  order="A B"; [ $((i % 2)) = 0 ] && order="B A"
-  for arm in $order; do
-    bin=$A; [ $arm = B ] && bin=$B
-    bw0=$($K --membw-only | awk '/^membw_gbs/{print $2}')
-    $bin bench --model $M --random-prompt 64 --max-new 65 --threads 2 --events $D/$arm.$i.jsonl > /dev/null
-    echo "$bw0" > $D/$arm.$i.bw
-  done
-done
+one() { # BIN ARM REP
+  local bw0
+  bw0=$($K --membw-only | awk '/^membw_gbs/{print $2}')
+  "$1" bench --model $M --random-prompt 64 --max-new 65 --threads 2 --events $D/$2.$3.jsonl > /dev/null
+  echo "$bw0" > $D/$2.$3.bw
+}
+ab_interleave "$N" "$A" "$B" one
 /usr/bin/python3 - $D $N <<'PY'
 import json,sys,statistics as st
 D,N=sys.argv[1],int(sys.argv[2])

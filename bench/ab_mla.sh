@@ -10,19 +10,17 @@
 set -eu
 A=$(realpath "$1"); B=$(realpath "$2"); N=${3:-3}
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 M=${B_DIR:-build}/bench-models/dsv3-h2048-l8-e64
 [ -f "$M/config.json" ] || { echo "ab_mla: $M missing (SECTIONS=deepseek bash bench/suite.sh builds it)" >&2; exit 2; }
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
-for i in $(seq "$N"); do
-  order="A B"; [ $((i % 2)) = 0 ] && order="B A"
-  for arm in $order; do
-    bin=$A; [ "$arm" = B ] && bin=$B
-    for p in 16 4064; do
-      "$bin" bench --model "$M" --random-prompt $p --max-new 33 --threads 2 > "$D/$arm.$i.$p.json"
-    done
+one() { # BIN ARM REP
+  for p in 16 4064; do
+    "$1" bench --model "$M" --random-prompt $p --max-new 33 --threads 2 > "$D/$2.$3.$p.json"
   done
-done
+}
+ab_interleave "$N" "$A" "$B" one
 /usr/bin/python3 - "$D" "$N" <<'PY'
 import json, statistics as st, sys
 D, N = sys.argv[1], int(sys.argv[2])

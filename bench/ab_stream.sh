@@ -10,6 +10,7 @@
 set -eu
 A=$(realpath "$1"); B=$(realpath "$2"); N=${3:-6}
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BLD=${B_DIR:-build}
 M=$BLD/bench-models/moe-h2048-e128
 P=${PACK:-$M.pack}
@@ -18,15 +19,12 @@ DISK=${DISK:-2}
 [ -f "$P/manifest.json" ] || "$A" pack --model "$M" --out "$P" --quiet
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
-for i in $(seq "$N"); do
-  order="A B"; [ $((i % 2)) = 0 ] && order="B A"
-  for arm in $order; do
-    bin=$A; [ "$arm" = B ] && bin=$B
-    rm -f "$P/experts.heat"
-    "$bin" bench --model "$M" --experts "$P" --expert-cache "$CACHE" --sim-disk "$DISK" \
-        --random-prompt 16 --max-new 33 --threads 2 --events "$D/$arm.$i.jsonl" > /dev/null
-  done
-done
+one() { # BIN ARM REP
+  rm -f "$P/experts.heat"
+  "$1" bench --model "$M" --experts "$P" --expert-cache "$CACHE" --sim-disk "$DISK" \
+      --random-prompt 16 --max-new 33 --threads 2 --events "$D/$2.$3.jsonl" > /dev/null
+}
+ab_interleave "$N" "$A" "$B" one
 rm -f "$P/experts.heat"
 /usr/bin/python3 - "$D" "$N" <<'PY'
 import json, sys, statistics as st

@@ -54,13 +54,7 @@ static seqs from_trace(const df_trace *t) {
 /* Replays s through a fresh cache; returns hits. check: verify invariants after
  * every layer step. */
 static long replay(const seqs *s, df_cache_policy pol, int slots, int check) {
-    df_cache_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_layers = s->L;
-    o.n_experts = s->E;
-    o.top_k = s->K;
-    o.n_slots = slots;
-    o.policy = pol;
+    df_cache_opts o = {.n_layers = s->L, .n_experts = s->E, .top_k = s->K, .n_slots = slots, .policy = pol};
     df_cache *c;
     df_error err;
     assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
@@ -157,13 +151,7 @@ static void test_lru_hand(void **st) {
     static const int seq[10] = {0, 1, 2, 0, 3, 0, 4, 1, 0, 2};
     static const int hit[10] = {0, 0, 0, 1, 0, 1, 0, 0, 1, 0};
     static const int evict[10] = {-1, -1, -1, -1, 1, -1, 2, 3, -1, 4};
-    df_cache_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_layers = 1;
-    o.n_experts = 8;
-    o.top_k = 1;
-    o.n_slots = 3;
-    o.policy = DF_POLICY_LRU;
+    df_cache_opts o = {.n_layers = 1, .n_experts = 8, .top_k = 1, .n_slots = 3, .policy = DF_POLICY_LRU};
     df_cache *c;
     df_error err;
     assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
@@ -320,14 +308,8 @@ static void test_invariants_random_operation(void **st) {
     /* direct calls in odd orders: repeated lookups, admits without lookups,
      * skipped and repeated layers, empty tokens */
     for (int pol = 0; pol < DF_POLICY_COUNT; pol++) {
-        df_cache_opts o;
-        memset(&o, 0, sizeof o);
-        o.n_layers = 5;
-        o.n_experts = 7;
-        o.top_k = 2;
-        o.n_slots = 9;
-        o.policy = (df_cache_policy)pol;
-        o.tuning.relearn_tokens = 3;
+        df_cache_opts o = {.n_layers = 5, .n_experts = 7, .top_k = 2, .n_slots = 9,
+                           .policy = (df_cache_policy)pol, .tuning.relearn_tokens = 3};
         df_cache *c;
         df_error err;
         assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
@@ -360,13 +342,7 @@ static void test_invariants_random_operation(void **st) {
 
 static void test_options_rejected(void **st) {
     (void)st;
-    df_cache_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_layers = 2;
-    o.n_experts = 4;
-    o.top_k = 2;
-    o.n_slots = 3;
-    o.policy = DF_POLICY_DELTAFIN;
+    df_cache_opts o = {.n_layers = 2, .n_experts = 4, .top_k = 2, .n_slots = 3, .policy = DF_POLICY_DELTAFIN};
     df_cache *c = (df_cache *)1;
     df_error err;
     df_cache_opts b = o;
@@ -412,15 +388,8 @@ static void test_pinned_tier(void **st) {
     assert_int_equal(top[2], 2);
 
     for (int pol = 0; pol < DF_POLICY_COUNT; pol++) {
-        df_cache_opts o;
-        memset(&o, 0, sizeof o);
-        o.n_layers = 2;
-        o.n_experts = 8;
-        o.top_k = 1;
-        o.n_slots = 4;
-        o.policy = (df_cache_policy)pol;
-        o.initial_heat = &h;
-        o.n_pinned = 2;
+        df_cache_opts o = {.n_layers = 2, .n_experts = 8, .top_k = 1, .n_slots = 4,
+                           .policy = (df_cache_policy)pol, .initial_heat = &h, .n_pinned = 2};
         df_cache *c;
         assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
         int p = df_cache_find(c, 1, 3);
@@ -442,15 +411,8 @@ static void test_pinned_tier(void **st) {
         df_cache_free(c);
     }
     /* pinning everything: the dynamic part has no room and every miss bypasses */
-    df_cache_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_layers = 2;
-    o.n_experts = 8;
-    o.top_k = 1;
-    o.n_slots = 3;
-    o.policy = DF_POLICY_DELTAFIN;
-    o.initial_heat = &h;
-    o.n_pinned = 3;
+    df_cache_opts o = {.n_layers = 2, .n_experts = 8, .top_k = 1, .n_slots = 3, .policy = DF_POLICY_DELTAFIN,
+                       .initial_heat = &h, .n_pinned = 3};
     df_cache *c;
     assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
     assert_int_equal(df_cache_lookup(c, 0, 0), -1);

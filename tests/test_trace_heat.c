@@ -327,15 +327,9 @@ static void test_heat_persistence(void **st) {
     /* a cache started from a corrupt file runs as from nothing */
     write_text(tmp("bad.heat"), "DFHEAT", 6);
     assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
-    df_cache_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_layers = 3;
-    o.n_experts = 5;
-    o.top_k = 2;
-    o.n_slots = 4;
-    o.policy = DF_POLICY_DELTAFIN;
-    o.initial_heat = &b;
-    o.n_pinned = 2; /* nothing hot: nothing pinned */
+    /* two to pin, but nothing is hot: nothing pinned */
+    df_cache_opts o = {.n_layers = 3, .n_experts = 5, .top_k = 2, .n_slots = 4, .policy = DF_POLICY_DELTAFIN,
+                       .initial_heat = &b, .n_pinned = 2};
     df_cache *c;
     assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
     for (int s = 0; s < 4; s++) assert_false(df_cache_is_pinned(c, s));
@@ -357,14 +351,8 @@ static void test_heat_roundtrip_through_cache(void **st) {
     df_trace t;
     df_error err;
     assert_int_equal(df_trace_load(&t, df_test_trace_excerpt(), &err), DF_OK);
-    df_cache_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_layers = t.n_layers;
-    o.n_experts = t.n_experts;
-    o.top_k = t.top_k;
-    o.n_slots = 100;
-    o.policy = DF_POLICY_LRU;
-    o.heat_half_life = 1e9;
+    df_cache_opts o = {.n_layers = t.n_layers, .n_experts = t.n_experts, .top_k = t.top_k, .n_slots = 100,
+                       .policy = DF_POLICY_LRU, .heat_half_life = 1e9};
     df_cache *c;
     assert_int_equal(df_cache_new(&c, &o, &err), DF_OK);
     int *count = calloc((size_t)(t.n_layers * t.n_experts), sizeof *count);
