@@ -65,8 +65,7 @@ void df_pool_for(df_pool *p, int n, int align,
  *      count or the ISA path, and a scaled matrix gives bit for bit what the
  *      F32 matrix of its decoded weights (df_wview_decode_rows) gives. The
  *      SIMD paths decode 16 values at a time in registers (for e4m3 the bits
- *      placed in an F16 and widened by vcvtph2ps, or a byte table with VBMI,
- *      so that no F32 subnormal reaches a multiply; a 16-entry table already
+ *      placed in an F16 and widened by vcvtph2ps, so that no F32 subnormal reaches a multiply; a 16-entry table already
  *      multiplied by the group's scale for
  *      the 4-bit formats: a table entry is the same fl(decode(q) * scale));
  *      nothing is widened into a copy of the matrix. A path may keep the 16

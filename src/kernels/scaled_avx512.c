@@ -38,9 +38,9 @@
  *
  * Tiles as in matmul_avx512.c: T == 1 does 4 rows (FP8) or 8 rows (4-bit:
  * +15-20 % from RAM) at once with a software prefetch of the next group
- * (values, and for the 4-bit formats the scale rows, a separate stream); with
- * VBMI, FP8 at T == 1 decodes with byte permutes (qtile8v). T > 1 a
- * 4-row x 4-token tile (16 accumulators, 4 tables or scales, 4 weights: fits
+ * (values, and for the 4-bit formats the scale rows, a separate stream). FP8
+ * decodes 32 values per row at a time where a group of 64 has no NaN code
+ * (dec32). T > 1 a 4-row x 4-token tile (16 accumulators, 4 tables or scales, 4 weights: fits
  * the 32 registers).
  */
 #include "kernels/scaled.h"
@@ -129,6 +129,34 @@ INL void qstep(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, s
     }
 }
 
+/* FP8 without NaN codes: the 32 weights at column k of a row, as two chunks
+ * of 16. One widening of 32 bytes to words, one shift and one mask make the
+ * 32 F16 of dec16 in one register; its halves are widened by vcvtph2ps. Per
+ * value, that is half of dec16's widening, shift and mask. */
+INL void dec32(const uint8_t *row, int k, __m512 st, int two, __m512 *w0, __m512 *w1) {
+    __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + k))), 7);
+    h = _mm512_and_si512(h, _mm512_set1_epi16((short)0xbf80));
+    __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    if (two) f0 = _mm512_mul_ps(f0, _mm512_set1_ps(0x1p8f)), f1 = _mm512_mul_ps(f1, _mm512_set1_ps(0x1p8f));
+    *w0 = _mm512_mul_ps(f0, st);
+    *w1 = _mm512_mul_ps(f1, st);
+}
+
+/* qstep for FP8 chunks k and k + 16 of rows without NaN codes there. */
+INL void qstep32(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
+                 int k, int RN, int RT, int two) {
+    __m512 w0[QN], w1[QN];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) dec32(w + r * rs, k, st[r], two, &w0[r], &w1[r]);
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++) {
+        const float *xp = x + (size_t)t * ldx + k;
+        __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) acc[r][t] = _mm512_fmadd_ps(w1[r], x1, _mm512_fmadd_ps(w0[r], x0, acc[r][t]));
+    }
+}
+
 /* The NaN codes (0x7f, 0xff) among the 64 bytes at p. The load is in the asm
  * so that the compiler cannot reuse it for the decoding: it would extract
  * the 16-byte quarters through the stack instead of loading each with the
@@ -154,8 +182,8 @@ INL void qblock(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, 
             __asm__ volatile("" ::: "memory");
             if (__builtin_expect(nan == 0, 1)) {
                 __asm__ volatile("" ::: "memory");
-                #pragma GCC unroll 4
-                for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 0, 0, 16);
+                #pragma GCC unroll 2
+                for (int c = 0; c < 64; c += 32) qstep32(acc, x, ldx, w, rs, st, k + c, RN, RT, two);
             } else {
                 #pragma GCC unroll 4
                 for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 1, 0, 16);
@@ -200,106 +228,6 @@ INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
     for (int t = 0; t < RT; t++)
         #pragma GCC unroll 8
         for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum16(acc[r][t]);
-}
-
-/* ---- FP8 at T == 1 with VBMI ------------------------------------------------
- * The F32 of decode(q) * 2^-8 (dec16's f) has at most 4 significant bits and
- * is never subnormal, so its bytes 1 and 0 are zero and bytes 3 and 2 are
- * functions of q: byte 3 = (q & 0x80) | B3[q & 0x7f], byte 2 = B2[q & 0x7f],
- * two 128-entry tables (below: those bytes of df_e4m3_to_f32(q) * 2^-8;
- * test_kernels_fmt runs every code) that one VPERMT2B each looks up for 64
- * bytes at once;
- * one zero-masked VPERMT2B per 16 values then puts them in place (instead of
- * widen, shift, mask and widen per 16: the decoding, not memory, bounds FP8).
- * Entry 0x7f (NaN) is never used: blocks with NaN codes take qstep. */
-#pragma GCC push_options
-#pragma GCC target("avx512vbmi")
-
-/* Columns [kb, ke) of one block whose scales need one multiply (!two). */
-INL void qblock8v(__m512 acc[QNM][QT], const float *x, const uint8_t *w, size_t rs, const __m512 *st, int kb,
-                  int ke) {
-    const int el = FP8, RN = QN;
-    const __m512i b3a = _mm512_setr_epi64(0x3838383837373700ll, 0x3838383838383838ll, 0x3939393939393939ll,
-                                          0x3939393939393939ll, 0x3a3a3a3a3a3a3a3all, 0x3a3a3a3a3a3a3a3all,
-                                          0x3b3b3b3b3b3b3b3bll, 0x3b3b3b3b3b3b3b3bll);
-    const __m512i b3b = _mm512_setr_epi64(0x3c3c3c3c3c3c3c3cll, 0x3c3c3c3c3c3c3c3cll, 0x3d3d3d3d3d3d3d3dll,
-                                          0x3d3d3d3d3d3d3d3dll, 0x3e3e3e3e3e3e3e3ell, 0x3e3e3e3e3e3e3e3ell,
-                                          0x3f3f3f3f3f3f3f3fll, 0x7f3f3f3f3f3f3f3fll);
-    const __m512i b2a = _mm512_setr_epi64((long long)0x60402000c0800000ull, (long long)0xf0e0d0c0b0a09080ull,
-                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
-                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
-                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull);
-    const __m512i b2b = _mm512_setr_epi64(0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
-                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
-                                          0x7060504030201000ll, (long long)0xf0e0d0c0b0a09080ull,
-                                          0x7060504030201000ll, (long long)0xc0e0d0c0b0a09080ull);
-    const __m512i sgn = _mm512_set1_epi8((char)0x80);
-    /* dword i of chunk c: byte 3 <- hi byte 16c + i, byte 2 <- lo byte 16c + i */
-    const __m512i idx0 = _mm512_setr_epi32(0x00400000, 0x01410000, 0x02420000, 0x03430000, 0x04440000, 0x05450000,
-                                           0x06460000, 0x07470000, 0x08480000, 0x09490000, 0x0a4a0000, 0x0b4b0000,
-                                           0x0c4c0000, 0x0d4d0000, 0x0e4e0000, 0x0f4f0000);
-    const __mmask64 b23 = 0xccccccccccccccccull;
-    int k = kb;
-    for (; k + 64 <= ke; k += 64) {
-        __m512i b[QN];
-        __mmask64 nan = 0;
-        #pragma GCC unroll 8
-        for (int r = 0; r < RN; r++) {
-            b[r] = _mm512_loadu_si512(w + r * rs + k);
-            nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(b[r], _mm512_set1_epi8((char)0x80)), _mm512_set1_epi8(-1));
-        }
-        if (__builtin_expect(nan == 0, 1)) {
-            __m512i hi[QN], lo[QN];
-            #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) {
-                /* hi = B3[q & 0x7f] | (q & 0x80) */
-                hi[r] = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(b3a, b[r], b3b), b[r], sgn, 0xf8);
-                lo[r] = _mm512_permutex2var_epi8(b2a, b[r], b2b);
-            }
-            #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m512i idx = _mm512_add_epi32(idx0, _mm512_set1_epi32(c * 0x10100000));
-                __m512 xv = _mm512_loadu_ps(x + k + 16 * c);
-                #pragma GCC unroll 8
-                for (int r = 0; r < RN; r++) {
-                    __m512 f = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(b23, hi[r], idx, lo[r]));
-                    acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(f, st[r]), xv, acc[r][0]);
-                }
-            }
-        } else {
-            #pragma GCC unroll 4
-            for (int c = 0; c < 64; c += 16) qstep(acc, x, 0, w, rs, st, k + c, el, RN, 1, 0, 1, 0, 16);
-        }
-    }
-    for (; k + 16 <= ke; k += 16) qstep(acc, x, 0, w, rs, st, k, el, RN, 1, 0, 1, 0, 16);
-    if (k < ke) qstep(acc, x, 0, w, rs, st, k, el, RN, 1, 0, 1, 1, ke - k);
-}
-
-/* qtile8 for QN rows and one token, with qblock8v where it applies. */
-__attribute__((noinline)) static void qtile8v(float *y, const float *x, const uint8_t *w, size_t rs,
-                                              const uint8_t *const *srow, int K, int bc, int pf) {
-    const int el = FP8, RN = QN;
-    __m512 acc[QNM][QT];
-    #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) acc[r][0] = _mm512_setzero_ps();
-    for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
-        int ke = K - kb < bc ? K : kb + bc;
-        for (int o = (kb + 63) & ~63; o < ke; o += 64)
-            #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
-        __m512 st[QNM];
-        if (block_state(st, srow, DF_SC_F32, j, el, RN)) qblock(acc, x, 0, w, rs, st, kb, ke, el, RN, 1, 1);
-        else qblock8v(acc, x, w, rs, st, kb, ke);
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) y[r] = hsum16(acc[r][0]);
-}
-#pragma GCC pop_options
-
-static int have_vbmi(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx512vbmi");
-    return v;
 }
 
 /* ---- the 4-bit formats' products -------------------------------------------
@@ -461,8 +389,7 @@ INL void qrows1(float *y, const float *x, const df_wview *v, int n0, int n1, int
             sr[r] = df_scale_row(v, n + r);
             spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
         }
-        if (el == FP8 && RN == QN && have_vbmi()) qtile8v(y + n, x, w + n * rs, rs, sr, K, bc, pf);
-        else qtile(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, el, RN, 1, pf, spf);
+        qtile(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, el, RN, 1, pf, spf);
     }
     for (; n < n1; n++) {
         sr[0] = df_scale_row(v, n);
