@@ -70,7 +70,7 @@ $(B)/deltafin: $(REL_FRONT) $(B)/libdeltafin.a
 $(B)/deltafin-san: $(SAN_FRONT) $(B)/libdeltafin-san.a
 	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $(SAN_FRONT) $(B)/libdeltafin-san.a $(LDLIBS) -o $@
 
-$(B)/tests/%: tests/%.c $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a tests/testutil.h tests/cfgtest.h
+$(B)/tests/%: tests/%.c $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a tests/testutil.h tests/cfgtest.h tests/packtest.h tests/toktest.h
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -Itests -O1 -g $(SAN_FLAGS) $< $(B)/libdeltafin-front-san.a $(B)/libdeltafin-san.a $(LDLIBS) -lcmocka -o $@
 

@@ -3,19 +3,21 @@
 # bench/run.sh's model, for a shared machine: runs interleaved (A B, B A, ...), each
 # preceded by its own memory-bandwidth measurement (bench_kernels --membw-only), so each run
 # is divided by the bandwidth measured next to it. Prints medians and the paired B/A ratio.
+# MODEL=DIR picks another model (e.g. the formats section's FP8 or INT4 one), PROMPT the
+# prompt's length (64).
 set -eu
 A=$(realpath "$1"); B=$(realpath "$2"); N=${3:-6}
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 BLD=${B_DIR:-build}
-M=$BLD/bench-models/moe-h2048-e128
+M=${MODEL:-$BLD/bench-models/moe-h2048-e128}
 K=$BLD/bench_kernels
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 one() { # BIN ARM REP
   local bw0
   bw0=$($K --membw-only | awk '/^membw_gbs/{print $2}')
-  "$1" bench --model $M --random-prompt 64 --max-new 65 --threads 2 --events $D/$2.$3.jsonl > /dev/null
+  "$1" bench --model $M --random-prompt ${PROMPT:-64} --max-new 65 --threads 2 --events $D/$2.$3.jsonl > /dev/null
   echo "$bw0" > $D/$2.$3.bw
 }
 ab_interleave "$N" "$A" "$B" one

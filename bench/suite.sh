@@ -47,7 +47,7 @@
 #          the core section's model is there (full runs), it is streamed too at
 #          BOUND_CORE_FRACS (10 %: 9 GiB of experts, 10x the cache): issue 3's
 #          benchmark, a synthetic Qwen3-MoE whose experts are >= 3x the budget.
-#  k3      a Kimi K3-shaped model (issue 23: KDA + gated NoPE MLA, latent MoE,
+#  k3      a Kimi K3-shaped model (issue 23; bench/sections/k3.sh: KDA + gated NoPE MLA, latent MoE,
 #          attention residuals, MXFP4 experts; 27 layers shaped like the routing trace,
 #          K3_BENCH_GIB (3.5) GiB of experts) streamed from a pack at K3_FRAC (10) % cache,
 #          cold: decode tokens/s against the I/O bound with the model's own routing and
@@ -56,7 +56,8 @@
 #          RAM (goal <= 1.3x); the KDA state per sequence; the per-token split of the time
 #          (KDA, MLA, MoE spine, experts, waiting on reads, other). Scaled down for a
 #          try-out: K3_BENCH_GIB=0.3 K3_HIDDEN=1024 K3_VOCAB=32768 (see docs/benchmarks.md).
-#  concurrency  N sequences decoded together (issue 24: `deltafin bench --parallel N`, one
+#  concurrency  N sequences decoded together (issue 24; bench/sections/concurrency.sh:
+#          `deltafin bench --parallel N`, one
 #          df_eval_multi per step over one row of each sequence, each its own random
 #          prompt and teacher-forced tokens) at CONC_PAR (1 2 4 8), experts streamed from
 #          a pack at CONC_FRACS (10 25) % cache, cold: aggregate and per-sequence
@@ -661,194 +662,15 @@ if [[ " $SECTIONS " == *" bound "* ]]; then
 fi
 
 # ---- k3: a Kimi K3-shaped model streamed from a pack (issue 23) ------------------------
-# Kimi K3's layer kinds scaled to this machine, shaped like the routing trace so
-# that real routing replays: 27 layers, the first dense, then the trace's 26 MoE
-# layers of 64 experts top-6; KDA (K3_KDA_HEADS x 128, lower-bound gate, full-rank
-# output gate) with gated NoPE MLA at every 4th layer and the last, as K3
-# schedules them; latent MoE (width hidden/2, SiTU, normed sum, 1 shared expert),
-# attention residuals in depth blocks of 4 (K3: 12 of 93), MXFP4 routed experts
-# whose width makes K3_BENCH_GIB of experts (3.5: width 1376, 2.2 MiB each);
-# vocabulary 163,840. Per repetition, interleaved (the streamed arms reversed on
-# even ones):
-#   resident-prefill-{own,replay}  a K3_PREFILL-token prompt with every expert in
-#            RAM, warm: the in-RAM compute of the prefill
-#   prefill-{own,replay}[-prefetch]  the same prompt streamed from the pack at
-#            K3_FRAC % of the expert bytes as cache, cold: time to first token
-#            against one read of the experts it touched at the measured bandwidth
-#            + the in-RAM prefill (goal: at most 1.3x)
-#   decode-{own,replay}[-prefetch]  K3_PROMPT prompt, K3_NEW decoded (teacher
-#            forced), streamed at K3_FRAC %, cold: tokens/s against the I/O bound
-#            (the O_DIRECT bandwidth measured this repetition / expert bytes missed
-#            per token), and the per-token split of the time
-# own: the model's routers; replay: routing replayed from K3_TRACE. The caches are
-# dropped before every streamed arm; the in-RAM arms run after a warm-up.
 if [[ " $SECTIONS " == *" k3 "* ]]; then
-    K3_TRACE=${K3_TRACE:-$TRACE}
-    if [ -z "$K3_TRACE" ] || [ ! -f "$K3_TRACE" ]; then
-        K3_TRACE=tests/data/traces/intent-excerpt.trace
-        say "note: no routing trace at \$TRACE: k3 replays the excerpt $K3_TRACE (263 tokens, wrapped)"
-    fi
-    # the trace's shape and the expert width that makes K3_BENCH_GIB of MXFP4 experts
-    # (3 matrices of width x latent, 4.25 bits per value: E2M1 + an E8M0 scale per 32)
-    read -r K3_NL K3_NE K3_I < <(/usr/bin/python3 - "$K3_TRACE" "$K3_BENCH_GIB" $((K3_HIDDEN / 2)) <<'PYEOF'
-import re, sys
-hdr = "".join(l for l in open(sys.argv[1]) if l.startswith("#"))
-nl, ne = int(re.search(r"moe_layers:\s*(\d+)", hdr).group(1)), int(re.search(r"experts_per_layer:\s*(\d+)", hdr).group(1))
-per_value = 3 * int(sys.argv[3]) * 17 / 32
-i = round(float(sys.argv[2]) * 2**30 / (nl * ne * per_value) / 32) * 32
-print(nl, ne, max(32, i))
-PYEOF
-)
-    K3_I=${K3_MOE_I:-$K3_I}
-    KM=$B/bench-models/k3-h$K3_HIDDEN-i$K3_I-v$K3_VOCAB
-    K3_GEN=(--arch kimi_k3 --seed 27 --dtype bf16 --vocab "$K3_VOCAB" --hidden "$K3_HIDDEN"
-        --intermediate $((K3_HIDDEN * 4)) --match-trace "$K3_TRACE" --heads "$K3_KDA_HEADS" --q-lora-rank $((K3_HIDDEN / 4))
-        --kv-lora-rank 512 --qk-nope-dim 128 --qk-rope-dim 64 --v-head-dim 128 --kda-heads "$K3_KDA_HEADS"
-        --kda-head-dim 128 --gate-lower-bound -5 --gate-rank full --a-log-shape padded --mla-output-gate
-        --hidden-act situ --n-shared-experts 1 --moe-intermediate "$K3_I" --latent-moe $((K3_HIDDEN / 2))
-        --latent-norm --attn-res-block 4 --routed-scaling-factor 1.0 --norm-topk-prob 1 --quant mxfp4
-        --max-pos 8192 --max-shard-size 4000000000 --fast-init)
-    # checkpoint + pack: the experts twice, the always-active weights in BF16 (embeddings
-    # and LM head, 27 layers of at most 7 x hidden^2 values, the shared experts)
-    K3_EXPERTS=$((K3_NL * K3_NE * 3 * (K3_HIDDEN / 2) * K3_I * 17 / 32))
-    K3_NEED=$((2 * K3_EXPERTS + 4 * K3_VOCAB * K3_HIDDEN + 27 * 14 * K3_HIDDEN * K3_HIDDEN + K3_NL * 6 * K3_HIDDEN * K3_I))
-    if [ -f "$KM/config.json" ] || { room_for "$KM" "$K3_NEED" "checkpoint + pack" &&
-        say "generating $KM (experts about $((K3_EXPERTS >> 20)) MiB): tools/gen_checkpoint.py --out $KM ${K3_GEN[*]}" &&
-        nice /usr/bin/python3 tools/gen_checkpoint.py --out "$KM" "${K3_GEN[@]}" >>"$LOG"; }; then
-        pack "$KM"
-        read -r EB DB < <(model_bytes "$KM")
-        read -r NL NE NK < <(model_shape "$KM")
-        say ""
-        say "## k3: $KM, experts $((EB >> 20)) MiB (MXFP4), always-active $((DB >> 20)) MiB; cache $K3_FRAC %; replay from $K3_TRACE"
-        "$ENG" inspect --model "$KM" | grep -E '^(layer schedule|KDA|attention |latent cache|experts|MoE layers|expert formats)' | tee -a "$LOG"
-        # the recurrent state per sequence (fixed, whatever the context) and the latent
-        # cache per token, from the config
-        /usr/bin/python3 - "$KM/config.json" "$EB" "$NL" "$NE" >>"$ARMS" <<'PYEOF'
-import json, sys
-c = json.load(open(sys.argv[1]))["text_config"]
-la = c["linear_attn_config"]
-hk, dk, kk = la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]
-n_kda, n_mla = len(la["kda_layers"]), len(la["full_attn_layers"])
-per_layer = 4 * hk * dk * dk + 4 * 3 * hk * dk * (kk - 1)   # F32 state S + q/k/v conv windows
-print(json.dumps({"section": "k3", "event": "state", "kda_layers": n_kda, "mla_layers": n_mla,
-                  "kda_state_bytes": n_kda * per_layer, "kda_state_bytes_per_layer": per_layer,
-                  "latent_bytes_per_token": 4 * n_mla * (c["kv_lora_rank"] + c["qk_rope_head_dim"]),
-                  "expert_bytes": int(sys.argv[2]) // (int(sys.argv[3]) * int(sys.argv[4]))}))
-PYEOF
-        say "KDA state per sequence: $(tail -1 "$ARMS" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print("%d B (%.2f MiB, %d KDA layers)" % (d["kda_state_bytes"], d["kda_state_bytes"] / 2**20, d["kda_layers"]))')"
-        K3_STREAMED=(decode-own decode-replay decode-own-prefetch decode-replay-prefetch
-            prefill-own prefill-replay prefill-own-prefetch prefill-replay-prefetch)
-        for rep in $(seq "$K3_REPS"); do
-            IOBW=$(measure_iobw "$KM"); say "rep $rep: O_DIRECT read bandwidth $IOBW GB/s"
-            echo "{\"section\":\"k3\",\"event\":\"iobw\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
-            # in RAM, warm: the warm-up reads every weight into the page cache
-            drop_for_ram
-            "$ENG" run --model "$KM" --prompt-tokens 1 --max-new 1 --temp 0 --print-ids >/dev/null
-            for r in own replay; do
-                fl=(); [ "$r" = replay ] && fl=(--replay-routing "$K3_TRACE")
-                run_arm k3 "resident-prefill-$r" "$KM" 100 "$EB" "$DB" 0 "$rep" "$K3_PREFILL" 2 "${fl[@]}"
-            done
-            ORDER=("${K3_STREAMED[@]}")
-            if [ $((rep % 2)) = 0 ]; then mapfile -t ORDER < <(printf '%s\n' "${K3_STREAMED[@]}" | tac); fi
-            for a in "${ORDER[@]}"; do
-                fl=(--experts "$KM-pack" --prefetch off)
-                [[ $a == *-prefetch ]] && fl=(--experts "$KM-pack" --prefetch on)
-                [[ $a == *-replay* ]] && fl+=(--replay-routing "$K3_TRACE")
-                if [[ $a == prefill-* ]]; then plen=$K3_PREFILL new=2; else plen=$K3_PROMPT new=$K3_NEW; fi
-                run_arm k3 "$a" "$KM" "$K3_FRAC" "$EB" "$DB" "$IOBW" "$rep" "$plen" "$new" "${fl[@]}"
-            done
-        done
-    fi
+    # shellcheck source=bench/sections/k3.sh
+    . bench/sections/k3.sh
 fi
 
 # ---- concurrency: N sequences decoded together (issue 24) -----------------------------
-# Per repetition, per model and cache fraction, the arms own-pN / replay-pN for N in
-# CONC_PAR (order reversed on even repetitions), cold. The replay model is the replay
-# section's (made here when that section did not run). Then `deltafin batch`.
 if [[ " $SECTIONS " == *" concurrency "* ]]; then
-    CD=${DEMO_MODEL:-models/demo-moe}
-    CDP=$B/bench-models/$(basename "$CD")-pack
-    CM=()
-    if [ -f "$CD/config.json" ]; then
-        [ -f "$CDP/manifest.json" ] || { say "packing $CD"; "$ENG" pack --model "$CD" --out "$CDP" >>"$LOG"; }
-        CM+=("own|$CD|$CDP")
-    else
-        say "note: $CD absent: concurrency on the demo model skipped"
-    fi
-    if [ -n "$TRACE" ] && [ -f "$TRACE" ]; then
-        CR=$B/bench-models/replay-$(basename "$TRACE" .trace)-h$RR_HIDDEN-i$RR_MOE_I
-        if prepare "$CR" --match-trace "$TRACE" --hidden "$RR_HIDDEN" --intermediate $((RR_HIDDEN * 3)) \
-            --moe-intermediate "$RR_MOE_I"; then
-            pack "$CR"
-            CM+=("replay|$CR|$CR-pack")
-        fi
-    else
-        say "note: no trace at \$TRACE: concurrency on the replay model skipped"
-    fi
-    say ""
-    say "## concurrency: sequences ($CONC_PAR) decoded together, streamed at ($CONC_FRACS) %; prompt $CONC_PROMPT, decode $CONC_NEW each, teacher forced"
-    for rep in $(seq "$CONC_REPS"); do
-        PAR=$CONC_PAR
-        [ $((rep % 2)) = 0 ] && PAR=$(printf '%s\n' $CONC_PAR | tac | tr '\n' ' ')
-        for cm in "${CM[@]}"; do
-            IFS='|' read -r kind mdl pk <<<"$cm"
-            read -r EB DB < <(model_bytes "$mdl")
-            IOBW=$(measure_iobw "$mdl" "$pk")
-            echo "{\"section\":\"concurrency\",\"event\":\"iobw\",\"model\":\"$mdl\",\"rep\":$rep,\"gbs\":$IOBW}" >>"$ARMS"
-            fl=(); [ "$kind" = replay ] && fl=(--replay-routing "$TRACE")
-            for frac in $CONC_FRACS; do
-                for p in $PAR; do
-                    run_arm concurrency "$kind-p$p" "$mdl" "$frac" "$EB" "$DB" "$IOBW" "$rep" "$CONC_PROMPT" "$CONC_NEW" \
-                        --experts "$pk" --policy deltafin --prefetch off --parallel "$p" "${fl[@]}"
-                done
-            done
-        done
-    done
-    # deltafin batch (a product command: the model's own routing) on CONC_JOBS jobs
-    if [ -f "$CD/config.json" ]; then
-        read -r EB DB < <(model_bytes "$CD")
-        frac=${CONC_FRACS%% *}
-        JOBS=$TMP/conc-jobs.jsonl
-        /usr/bin/python3 - "$CONC_JOBS" "$CONC_PROMPT" "$CONC_JOB_TOKENS" "$CD/config.json" >"$JOBS" <<'PYEOF'
-import json, random, sys
-n, plen, mt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-c = json.load(open(sys.argv[4])); c = c.get("text_config", c)
-rng = random.Random(24)
-for i in range(n):  # seeded random prompts; greedy, so a run is repeatable
-    body = {"model": "m", "prompt": [rng.randrange(c["vocab_size"]) for _ in range(plen)], "max_tokens": mt,
-            "temperature": 0}
-    print(json.dumps({"custom_id": "job-%d" % i, "method": "POST", "url": "/v1/completions", "body": body}))
-PYEOF
-        for rep in $(seq "$CONC_REPS"); do
-            for p in $CONC_BATCH_PAR; do
-                rm -f "$TMP/conc-out.jsonl"
-                drop
-                t_arm=$SECONDS
-                if "$ENG" batch --model "$CD" --experts "$CDP" --expert-cache $((EB * frac / 100)) --policy deltafin \
-                    --prefetch off --threads "$THREADS" --parallel "$p" --input "$JOBS" --output "$TMP/conc-out.jsonl" \
-                    2>"$TMP/conc-batch.err" >/dev/null; then
-                    /usr/bin/python3 - "$TMP/conc-batch.err" "$TMP/conc-out.jsonl" "$p" "$frac" "$rep" "$CD" >>"$ARMS" <<'PYEOF'
-import json, re, sys
-txt = open(sys.argv[1]).read()
-m = re.search(r"(\d+) tokens generated in ([0-9.]+) s: ([0-9.]+) tok/s", txt)
-x = re.search(r"([0-9.]+) MB per generated token", txt)
-lines = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-ok = sum(1 for l in lines if l.get("response") and l["response"].get("status_code") == 200)
-p = int(sys.argv[3])
-print(json.dumps({"section": "concurrency", "event": "batch", "arm": "batch-p%d" % p, "parallel": p,
-                  "budget_pct": int(sys.argv[4]), "rep": int(sys.argv[5]), "model": sys.argv[6], "jobs": len(lines),
-                  "jobs_ok": ok, "tokens": int(m.group(1)) if m else 0, "seconds": float(m.group(2)) if m else 0,
-                  "tokens_per_s": float(m.group(3)) if m else 0,
-                  "tokens_per_s_per_seq": (float(m.group(3)) / p) if m else 0,
-                  "expert_bytes_per_token": float(x.group(1)) * 1e6 if x else 0}))
-PYEOF
-                    say "concurrency batch --parallel $p ${frac}% rep $rep: $(tail -1 "$ARMS" | /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print('%d jobs (%d answered), %d tokens, %.3f tok/s (%.3f per sequence), %.3f MB expert reads per token' % (d['jobs'], d['jobs_ok'], d['tokens'], d['tokens_per_s'], d['tokens_per_s_per_seq'], d['expert_bytes_per_token'] / 1e6))") [$((SECONDS - t_arm)) s]"
-                else
-                    say "concurrency batch --parallel $p rep $rep FAILED: $(tail -1 "$TMP/conc-batch.err")"
-                fi
-            done
-        done
-    fi
+    # shellcheck source=bench/sections/concurrency.sh
+    . bench/sections/concurrency.sh
 fi
 
 # ---- dist: experts over several ranks with Open MPI (issue 26) ------------------------
