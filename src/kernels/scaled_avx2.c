@@ -12,6 +12,8 @@
  *    (decode(q) * 2^-8, never an F32 subnormal), times the block scale
  *    pre-multiplied by 2^8 (or the two-multiply form for |s| >= 2^120); a byte
  *    compare per 32 values finds NaN codes, and only then are they blended in.
+ *    Without them, one-token products decode 16 values of a row at once (dec16:
+ *    one widening, shift and mask of 16 bytes for both halves).
  *  - INT4 and E2M1: vpermps reads only 3 index bits, so the 16-entry table is
  *    two scaled 8-entry halves (nibbles 0-7 and 8-15) and the nibble's bit 3,
  *    shifted into the sign bit, picks one with vblendvps. The products
@@ -84,6 +86,17 @@ INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanch
     __m256i idx = _mm256_or_si256(q, _mm256_slli_epi64(q, 28));
     __m256 lo = _mm256_permutevar8x32_ps(st.a, idx), hi = _mm256_permutevar8x32_ps(st.b, idx);
     return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* FP8 without NaN codes: the 16 weights at column k of a row, as dec8 gives
+ * them for k and k + 8, from one widening, shift and mask of 16 bytes. */
+INL void dec16(const uint8_t *row, int k, qstate st, int two, __m256 *w0, __m256 *w1) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + k))), 7);
+    h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80));
+    __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    if (two) f0 = _mm256_mul_ps(f0, _mm256_set1_ps(0x1p8f)), f1 = _mm256_mul_ps(f1, _mm256_set1_ps(0x1p8f));
+    *w0 = _mm256_mul_ps(f0, st.a);
+    *w1 = _mm256_mul_ps(f1, st.a);
 }
 
 /* The state of each row for block column j; returns `two` (FP8 only). */
@@ -196,10 +209,21 @@ INL void qstep(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *
         keep[0] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane));
         keep[1] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem - 8), lane));
     }
+    if (RT == 1 && !tail && !nanchk) {
+        /* one row's two weight vectors live at a time: the 4-row group's 8
+         * accumulators and states then fit the 16 registers (decoding all 8
+         * weights first spilled the accumulators) */
+        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) {
+            __m256 w0, w1;
+            dec16(w + r * rs, k, st[r], two, &w0, &w1);
+            acc[r][0][0] = _mm256_fmadd_ps(w0, x0, acc[r][0][0]);
+            acc[r][0][1] = _mm256_fmadd_ps(w1, x1, acc[r][0][1]);
+        }
+        return;
+    }
     if (RT == 1 && !tail) {
-        /* one weight vector live at a time: the 4-row group's 8 accumulators
-         * and states then fit the 16 registers (decoding all 8 weights
-         * first spilled the accumulators) */
         #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256 xv = _mm256_loadu_ps(x + k + 8 * h);
