@@ -277,6 +277,55 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
     free(y);
 }
 
+/* The BF16 products (N x K, T = 1 and 64) on every path, weights cycling through the
+ * buffer; then one thread's decode for reference. bw: the 2-thread read bandwidth. */
+static void bench_bf16(df_pool *pool, df_pool *pool1, uint64_t *buf, size_t mem_mib, int only_isa, int threads,
+                       double bw) {
+    int Ts[2] = {1, 64};
+    int shapes[2][2] = {{2048, 2048}, {768, 2048}};
+    int Kmax = 2048;
+    float *x = df_aligned_alloc((size_t)64 * Kmax * 4);
+    float *y = df_aligned_alloc((size_t)64 * 2048 * 4);
+    for (int i = 0; i < 64 * Kmax; i++) x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
+
+    printf("\n# BF16 matmul, weights cycling over %zu MiB; GB/s = weight bytes / time\n", mem_mib);
+    printf("%-7s %-11s %4s %3s %10s %8s %8s %8s %10s %9s\n", "isa", "N x K", "T", "thr",
+           "ms/call", "GB/s", "membw", "of_membw", "us/token", "vs_T=1");
+    for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
+        if (only_isa >= 0 && isa != only_isa) continue;
+        df_isa_set((df_isa)isa);
+        for (int si = 0; si < 2; si++) {
+            int N = shapes[si][0], K = shapes[si][1];
+            double tok1 = 0;
+            for (int ti = 0; ti < 2; ti++) {
+                int T = Ts[ti];
+                /* the C path is ~100x slower; keep its runs short */
+                double budget = isa == DF_ISA_C ? 0.2 : 0.25;
+                int reps = isa == DF_ISA_C ? 3 : 5;
+                struct mm_res r =
+                    bench_mm(pool, (const uint8_t *)buf, mem_mib << 20, N, K, T, x, y, budget, reps);
+                if (T == 1) tok1 = r.us_tok;
+                char shape[32];
+                snprintf(shape, sizeof shape, "%dx%d", N, K);
+                printf("%-7s %-11s %4d %3d %10.3f %8.2f %8.2f %8.2f %10.1f %8.1fx\n",
+                       df_isa_name((df_isa)isa), shape, T, threads, r.ms_call, r.gbs, r.membw,
+                       r.gbs / r.membw, r.us_tok, tok1 / r.us_tok);
+                fflush(stdout);
+            }
+        }
+    }
+    /* single-thread decode for reference */
+    df_isa_set(df_isa_detect());
+    struct mm_res r1 = bench_mm(pool1, (const uint8_t *)buf, mem_mib << 20, 2048, 2048, 1, x, y, 0.25, 5);
+    printf("%-7s %-11s %4d %3d %10.3f %8.2f %8.2f %8.2f %10.1f\n", df_isa_name(df_isa_detect()),
+           "2048x2048", 1, 1, r1.ms_call, r1.gbs, r1.membw, r1.gbs / r1.membw, r1.us_tok);
+    printf("# membw column: read bandwidth with the same thread count, measured between\n"
+           "# the rounds of that row (medians); membw_gbs above: %.2f GB/s\n", bw);
+
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv) {
     int threads = 2;
     size_t mem_mib = 1024;
@@ -336,49 +385,7 @@ int main(int argc, char **argv) {
                t1, tn, threads, t1 / threads, tn - t1 / threads);
     }
 
-    int Ts[2] = {1, 64};
-    int shapes[2][2] = {{2048, 2048}, {768, 2048}};
-    int Kmax = 2048;
-    float *x = df_aligned_alloc((size_t)64 * Kmax * 4);
-    float *y = df_aligned_alloc((size_t)64 * 2048 * 4);
-    for (int i = 0; i < 64 * Kmax; i++) x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
-
-    printf("\n# BF16 matmul, weights cycling over %zu MiB; GB/s = weight bytes / time\n", mem_mib);
-    printf("%-7s %-11s %4s %3s %10s %8s %8s %8s %10s %9s\n", "isa", "N x K", "T", "thr",
-           "ms/call", "GB/s", "membw", "of_membw", "us/token", "vs_T=1");
-    for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
-        if (only_isa >= 0 && isa != only_isa) continue;
-        df_isa_set((df_isa)isa);
-        for (int si = 0; si < 2; si++) {
-            int N = shapes[si][0], K = shapes[si][1];
-            double tok1 = 0;
-            for (int ti = 0; ti < 2; ti++) {
-                int T = Ts[ti];
-                /* the C path is ~100x slower; keep its runs short */
-                double budget = isa == DF_ISA_C ? 0.2 : 0.25;
-                int reps = isa == DF_ISA_C ? 3 : 5;
-                struct mm_res r =
-                    bench_mm(pool, (const uint8_t *)buf, mem_mib << 20, N, K, T, x, y, budget, reps);
-                if (T == 1) tok1 = r.us_tok;
-                char shape[32];
-                snprintf(shape, sizeof shape, "%dx%d", N, K);
-                printf("%-7s %-11s %4d %3d %10.3f %8.2f %8.2f %8.2f %10.1f %8.1fx\n",
-                       df_isa_name((df_isa)isa), shape, T, threads, r.ms_call, r.gbs, r.membw,
-                       r.gbs / r.membw, r.us_tok, tok1 / r.us_tok);
-                fflush(stdout);
-            }
-        }
-    }
-    /* single-thread decode for reference */
-    df_isa_set(df_isa_detect());
-    struct mm_res r1 = bench_mm(pool1, (const uint8_t *)buf, mem_mib << 20, 2048, 2048, 1, x, y, 0.25, 5);
-    printf("%-7s %-11s %4d %3d %10.3f %8.2f %8.2f %8.2f %10.1f\n", df_isa_name(df_isa_detect()),
-           "2048x2048", 1, 1, r1.ms_call, r1.gbs, r1.membw, r1.gbs / r1.membw, r1.us_tok);
-    printf("# membw column: read bandwidth with the same thread count, measured between\n"
-           "# the rounds of that row (medians); membw_gbs above: %.2f GB/s\n", bw);
-
-    free(x);
-    free(y);
+    bench_bf16(pool, pool1, buf, mem_mib, only_isa, threads, bw);
     free(buf);
     df_pool_free(pool);
     df_pool_free(pool1);

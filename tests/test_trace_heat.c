@@ -239,20 +239,25 @@ static int heat_is_empty(const df_heat *h) {
     return h->tokens == 0 && h->norm == 0;
 }
 
+/* A 3-layer x 5-expert histogram of 300 tokens in a, saved at path. */
+static void saved_heat(df_heat *a, char path[512]) {
+    df_error err;
+    assert_int_equal(df_heat_init(a, 3, 5, 64, &err), DF_OK);
+    for (int t = 0; t < 300; t++) {
+        df_heat_add(a, (int)df_test_rnd(15));
+        df_heat_add(a, t % 15);
+        df_heat_token_end(a);
+    }
+    snprintf(path, 512, "%s", tmp("experts.heat"));
+    assert_int_equal(df_heat_save(a, path, &err), DF_OK);
+}
+
 static void test_heat_persistence(void **st) {
     (void)st;
     df_heat a, b;
     df_error err;
-    char why[1024];
-    assert_int_equal(df_heat_init(&a, 3, 5, 64, &err), DF_OK);
-    for (int t = 0; t < 300; t++) {
-        df_heat_add(&a, (int)df_test_rnd(15));
-        df_heat_add(&a, t % 15);
-        df_heat_token_end(&a);
-    }
-    char path[512];
-    snprintf(path, sizeof path, "%s", tmp("experts.heat"));
-    assert_int_equal(df_heat_save(&a, path, &err), DF_OK);
+    char why[1024], path[512];
+    saved_heat(&a, path);
     /* atomic save leaves no temp file behind */
     DIR *d = opendir(g_root);
     assert_non_null(d);
@@ -275,7 +280,19 @@ static void test_heat_persistence(void **st) {
     assert_int_equal(load_into(&b, tmp("none.heat"), why, sizeof why), DF_HEAT_MISSING);
     assert_true(heat_is_empty(&b));
     assert_non_null(strstr(why, "none.heat"));
+    df_heat_free(&a);
+    df_heat_free(&b);
+}
 
+/* Damaged, foreign and unwritable heat files: refused with the reason, the
+ * histogram left empty, and a cache started from one runs as from nothing. */
+static void test_heat_bad_files(void **st) {
+    (void)st;
+    df_heat a, b;
+    df_error err;
+    char why[1024], path[512];
+    saved_heat(&a, path);
+    assert_int_equal(df_heat_init(&b, 3, 5, 64, &err), DF_OK);
     char *good;
     size_t len;
     assert_int_equal(df_read_file(path, &good, &len, &err), DF_OK);
@@ -506,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_trace_roundtrip_and_writer),
         cmocka_unit_test(test_heat_decay),
         cmocka_unit_test(test_heat_persistence),
+        cmocka_unit_test(test_heat_bad_files),
         cmocka_unit_test(test_heat_roundtrip_through_cache),
         cmocka_unit_test(test_cache_sim_cli),
         cmocka_unit_test(test_cache_sim_streams),
