@@ -156,8 +156,6 @@ static inline void expect_err(int rc, const df_error *e, const char *a, const ch
     assert_null(strchr(e->msg, '\n'));
 }
 
-
-
 /* The manifest text with the uuid line blanked (the only run-dependent field). */
 static inline char *manifest_sans_uuid(const char *dir, size_t *len) {
     char *m = slurp(dir, "manifest.json", len);
@@ -168,6 +166,7 @@ static inline char *manifest_sans_uuid(const char *dir, size_t *len) {
     return m;
 }
 
+/* Two packs hold the same bytes and the same manifest but for the uuid. */
 static inline void assert_same_pack(const char *a, const char *b) {
     size_t la, lb;
     char *x = slurp(a, "experts.bin", &la), *y = slurp(b, "experts.bin", &lb);
@@ -184,7 +183,6 @@ static inline void assert_same_pack(const char *a, const char *b) {
     free(x);
     free(y);
 }
-
 
 /* ---- fixture ------------------------------------------------------------------------------------ */
 

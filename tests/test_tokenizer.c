@@ -27,7 +27,6 @@ static df_tokenizer *load_asset(const char *rel) {
     return rc ? NULL : t;
 }
 
-
 /* ------------------------------------------------------------------------ */
 /* llama.cpp vectors                                                        */
 
