@@ -14,67 +14,13 @@
  * tournament tree over the lists' tails (leaf = list, value = the tail's hazard)
  * finds the victim in O(log lists); ties go to the list whose layer comes up last,
  * which the tree answers with two range queries around the current layer.
+ * The cache's fields are in policy_internal.h, its self-check in policy_check.c.
  */
-#include "experts/policy.h"
+#include "experts/policy_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define NB_MAX 8
-#define INF_H 1e300
-/* heat-rate bucket edges, in units of the uniform rate top_k / n_experts */
-static const double BUCKET_EDGES[NB_MAX - 1] = {0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
-
-struct df_cache {
-    df_cache_policy policy;
-    int L, E, K, nk;
-    int n_slots, n_pinned;
-    df_heat heat; /* what gets persisted: every use, full weight */
-    df_heat rank; /* deltafin's view: the persisted part weighed down as a prior */
-    df_cache_stats st;
-
-    /* clock: token counter, layer of the current layer step (-1: none yet in
-     * this token), and a stamp that changes at every layer step */
-    int64_t tok;
-    int cur_l;
-    uint64_t stamp;
-
-    /* per key */
-    int32_t *slot_of;
-    int64_t *last_tok;
-    uint64_t *use_stamp;
-    uint8_t *bucket;
-    uint64_t *key_next; /* belady: next use of the upcoming lookup */
-
-    /* per slot */
-    int32_t *key;
-    int32_t *prev, *next;
-    int32_t *list_of;
-    uint8_t *pinned;
-    int32_t *free_stack;
-    int n_free;
-
-    /* lru */
-    int32_t head, tail;
-
-    /* deltafin */
-    int NB, M, relearn, tokens_since_relearn;
-    double learn_decay, admit_factor, p0;
-    int n_lists;
-    int32_t *lhead, *ltail;
-    double *num, *den, *H; /* (M + 1) * NB */
-    double *leafv;         /* n_lists */
-    int P;                 /* tree leaves (power of two) */
-    int32_t *tree;         /* 2P: best list index of the subtree, -1 none */
-
-    /* belady: max-heap of slots by next use */
-    uint64_t *nu;
-    int32_t *heap, *hpos;
-    int heap_n;
-    int32_t *stash;
-    int32_t *order; /* n_experts: admission order within a step */
-};
 
 const char *df_cache_policy_name(df_cache_policy p) {
     switch (p) {
@@ -91,9 +37,6 @@ int df_cache_policy_from_name(const char *name) {
     return -1;
 }
 
-static inline int protected_key(const df_cache *c, int32_t key) {
-    return c->use_stamp[key] == c->stamp;
-}
 
 /* ---- slot lists (lru: one list; deltafin: one per (layer, bucket)) ------- */
 
@@ -137,7 +80,7 @@ static void relearn(df_cache *c) {
     }
 }
 
-static double leaf_value(const df_cache *c, int list) {
+double df_cache_leaf_value(const df_cache *c, int list) {
     int32_t s = c->ltail[list];
     if (s < 0) return INF_H;
     int32_t key = c->key[s];
@@ -158,14 +101,14 @@ static inline int32_t better(const df_cache *c, int32_t a, int32_t b) {
 }
 
 static void tree_update(df_cache *c, int list) {
-    c->leafv[list] = leaf_value(c, list);
+    c->leafv[list] = df_cache_leaf_value(c, list);
     for (int n = (c->P + list) >> 1; n >= 1; n >>= 1)
         c->tree[n] = better(c, c->tree[2 * n], c->tree[2 * n + 1]);
 }
 
 static void tree_rebuild(df_cache *c) {
     for (int i = 0; i < c->P; i++) {
-        if (i < c->n_lists) c->leafv[i] = leaf_value(c, i);
+        if (i < c->n_lists) c->leafv[i] = df_cache_leaf_value(c, i);
         c->tree[c->P + i] = i < c->n_lists ? i : -1;
     }
     for (int n = c->P - 1; n >= 1; n--) c->tree[n] = better(c, c->tree[2 * n], c->tree[2 * n + 1]);
@@ -185,7 +128,7 @@ static void refresh_layer(df_cache *c, int l) {
 }
 
 /* The list whose tail should go, or -1 when every entry is protected. */
-static int deltafin_victim_list(const df_cache *c) {
+int df_cache_victim_list(const df_cache *c) {
     int l = c->cur_l < 0 ? 0 : c->cur_l;
     int NB = c->NB;
     /* layers after the current one come up in this token, those up to and
@@ -587,7 +530,7 @@ int df_cache_admit(df_cache *c, int layer, int expert, int32_t *evicted) {
         if (v >= 0 && c->key_next[key] >= c->nu[v]) v = -1;
         break;
     case DF_POLICY_DELTAFIN: {
-        int list = deltafin_victim_list(c);
+        int list = df_cache_victim_list(c);
         if (list >= 0) {
             double hv = c->leafv[list];
             double hn = c->H[c->bucket[key]]; /* m = 0 just after this use */
@@ -697,118 +640,4 @@ int df_cache_hazard(const df_cache *c, double *out, int cap, int *n_missed, int 
     if (n_buckets) *n_buckets = c->NB;
     for (int i = 0; i < n && i < cap; i++) out[i] = c->H[i];
     return n;
-}
-
-/* ---- self-check (tests) ----------------------------------------------------- */
-
-/* Slots and keys map each other, and every slot is used or free. */
-static int check_slots(const df_cache *c, int *cached, df_error *err) {
-    *cached = 0;
-    for (int s = 0; s < c->n_slots; s++) {
-        int32_t k = c->key[s];
-        if (k < 0) continue;
-        (*cached)++;
-        if (k >= c->nk || c->slot_of[k] != s)
-            return df_fail(err, DF_ERR_FORMAT, "slot %d holds key %d but slot_of says %d", s,
-                           (int)k, k < c->nk ? (int)c->slot_of[k] : -2);
-    }
-    int mapped = 0;
-    for (int k = 0; k < c->nk; k++)
-        if (c->slot_of[k] >= 0) mapped++;
-    if (mapped != *cached)
-        return df_fail(err, DF_ERR_FORMAT, "%d keys mapped, %d slots used", mapped, *cached);
-    if (*cached + c->n_free != c->n_slots)
-        return df_fail(err, DF_ERR_FORMAT, "%d used + %d free != %d slots", *cached, c->n_free,
-                       c->n_slots);
-    return DF_OK;
-}
-
-static int check_lru(const df_cache *c, int *in_lists, df_error *err) {
-    for (int32_t s = c->head, p = -1; s >= 0; p = s, s = c->next[s]) {
-        if (c->prev[s] != p) return df_fail(err, DF_ERR_FORMAT, "lru: broken link at %d", s);
-        if (++*in_lists > c->n_slots) return df_fail(err, DF_ERR_FORMAT, "lru: cycle");
-    }
-    return DF_OK;
-}
-
-static int check_belady(const df_cache *c, int *in_lists, df_error *err) {
-    *in_lists = c->heap_n;
-    for (int i = 1; i < c->heap_n; i++)
-        if (c->nu[c->heap[(i - 1) / 2]] < c->nu[c->heap[i]])
-            return df_fail(err, DF_ERR_FORMAT, "belady: heap order broken at %d", i);
-    for (int i = 0; i < c->heap_n; i++)
-        if (c->hpos[c->heap[i]] != i)
-            return df_fail(err, DF_ERR_FORMAT, "belady: heap position of %d", i);
-    return DF_OK;
-}
-
-/* deltafin's lists: linked, each in its (layer, bucket), in recency order, leaves fresh. */
-static int check_deltafin_lists(const df_cache *c, int *in_lists, df_error *err) {
-    for (int list = 0; list < c->n_lists; list++) {
-        int64_t newer = INT64_MAX;
-        for (int32_t s = c->lhead[list], p = -1; s >= 0; p = s, s = c->next[s]) {
-            int32_t k = c->key[s];
-            if (c->prev[s] != p || c->list_of[s] != list)
-                return df_fail(err, DF_ERR_FORMAT, "deltafin: list %d broken at %d", list, s);
-            if (k / c->E != list / c->NB || c->bucket[k] != list % c->NB)
-                return df_fail(err, DF_ERR_FORMAT, "deltafin: key %d in wrong list %d",
-                               (int)k, list);
-            if (c->last_tok[k] > newer)
-                return df_fail(err, DF_ERR_FORMAT, "deltafin: list %d not in recency order",
-                               list);
-            newer = c->last_tok[k];
-            if (++*in_lists > c->n_slots)
-                return df_fail(err, DF_ERR_FORMAT, "deltafin: cycle");
-        }
-        if (c->leafv[list] != leaf_value(c, list))
-            return df_fail(err, DF_ERR_FORMAT, "deltafin: stale leaf %d", list);
-    }
-    return DF_OK;
-}
-
-/* The tree's answer against a scan of every cached, unprotected entry. */
-static int check_deltafin_victim(const df_cache *c, df_error *err) {
-    int got = deltafin_victim_list(c);
-    double best = INF_H;
-    int best_dist = -1;
-    int l = c->cur_l < 0 ? 0 : c->cur_l;
-    for (int s = 0; s < c->n_slots; s++) {
-        int32_t k = c->key[s];
-        if (k < 0 || c->pinned[s] || protected_key(c, k)) continue;
-        int kl = k / c->E;
-        int64_t m = c->tok - c->last_tok[k] - (kl > c->cur_l ? 1 : 0);
-        if (m < 0) m = 0;
-        if (m > c->M) m = c->M;
-        double h = c->H[m * c->NB + c->bucket[k]];
-        int dist = kl > l ? kl - l : c->L - l + kl;
-        if (h < best || (h == best && dist > best_dist)) {
-            best = h;
-            best_dist = dist;
-        }
-    }
-    if ((got < 0) != (best >= INF_H))
-        return df_fail(err, DF_ERR_FORMAT, "deltafin: victim %d, scan best %g", got, best);
-    if (got >= 0) {
-        int gl = got / c->NB;
-        int gd = gl > l ? gl - l : c->L - l + gl;
-        if (c->leafv[got] != best || gd != best_dist)
-            return df_fail(err, DF_ERR_FORMAT,
-                           "deltafin: tree picks H=%g dist=%d, scan H=%g dist=%d",
-                           c->leafv[got], gd, best, best_dist);
-    }
-    return DF_OK;
-}
-
-int df_cache_check(const df_cache *c, df_error *err) {
-    int cached, in_lists = 0;
-    int rc = check_slots(c, &cached, err);
-    if (rc) return rc;
-    if (c->policy == DF_POLICY_LRU) rc = check_lru(c, &in_lists, err);
-    else if (c->policy == DF_POLICY_BELADY) rc = check_belady(c, &in_lists, err);
-    else if (!(rc = check_deltafin_lists(c, &in_lists, err))) rc = check_deltafin_victim(c, err);
-    if (rc) return rc;
-    if (in_lists + c->n_pinned != cached)
-        return df_fail(err, DF_ERR_FORMAT, "%d in policy structures + %d pinned != %d cached",
-                       in_lists, c->n_pinned, cached);
-    return DF_OK;
 }
