@@ -89,6 +89,7 @@ run_counted budget bash tests/test_budget.sh "$B/deltafin"
 # resumable batch jobs under kill -9 (the release build: the kills need a run of a few seconds)
 run_counted batch bash tests/test_batch.sh "$B/deltafin"
 run_counted server bash tests/test_server.sh "$B/deltafin-san"
+run_counted server-models bash tests/test_server_models.sh "$B/deltafin-san"
 # experts by rank over Open MPI (mpirun on loopback, 2 and 3 ranks): bit-identical to one process
 run_counted mpi bash tests/test_mpi.sh "$B/deltafin" "$B/deltafin-san"
 run_counted prompt-cache bash tests/test_pcache.sh "$B/deltafin-san"
