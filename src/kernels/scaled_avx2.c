@@ -66,6 +66,12 @@ INL qstate make_state(int el, float s, int two, int prod) {
     return q;
 }
 
+/* FP8: the weights fl(decode(q) * s) from f = decode(q) * 2^-8 (exact) and the
+ * block state (s * 2^8, or s itself in the two-multiply form). */
+INL __m256 fp8_scaled(__m256 f, qstate st, int two) {
+    return _mm256_mul_ps(two ? _mm256_mul_ps(f, _mm256_set1_ps(0x1p8f)) : f, st.a);
+}
+
 /* 8 weights at column k (a multiple of 8) of a row (p: the row's bytes or a
  * zeroed copy of its tail). nanchk: FP8 lanes may hold NaN codes. */
 INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanchk) {
@@ -73,7 +79,7 @@ INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanch
         __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(row + k))), 7);
         h = _mm_and_si128(h, _mm_set1_epi16((short)0xbf80));
         __m256 f = _mm256_cvtph_ps(h);
-        __m256 w = _mm256_mul_ps(two ? _mm256_mul_ps(f, _mm256_set1_ps(0x1p8f)) : f, st.a);
+        __m256 w = fp8_scaled(f, st, two);
         if (nanchk) { /* 0x7f/0xff are the F16 +-0x3f80 (1.875): no other code is */
             __m256 mag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), f);
             w = _mm256_blendv_ps(w, _mm256_set1_ps(NAN), _mm256_cmp_ps(mag, _mm256_set1_ps(1.875f), _CMP_EQ_OQ));
@@ -94,9 +100,8 @@ INL void dec16(const uint8_t *row, int k, qstate st, int two, __m256 *w0, __m256
     __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + k))), 7);
     h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80));
     __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-    if (two) f0 = _mm256_mul_ps(f0, _mm256_set1_ps(0x1p8f)), f1 = _mm256_mul_ps(f1, _mm256_set1_ps(0x1p8f));
-    *w0 = _mm256_mul_ps(f0, st.a);
-    *w1 = _mm256_mul_ps(f1, st.a);
+    *w0 = fp8_scaled(f0, st, two);
+    *w1 = fp8_scaled(f1, st, two);
 }
 
 /* The state of each row for block column j; returns `two` (FP8 only). */

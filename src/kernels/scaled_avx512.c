@@ -67,23 +67,28 @@ INL __m512 base_table(int el) {
                           -3.0f, -4.0f, -6.0f);
 }
 
+/* FP8: the weights fl(decode(q) * s) from f = decode(q) * 2^-8 (exact) and the
+ * block state st (s * 2^8, or s itself in the two-multiply form). */
+INL __m512 fp8_scaled(__m512 f, __m512 st, int two) {
+    if (two) f = _mm512_mul_ps(f, _mm512_set1_ps(0x1p8f));
+    return _mm512_mul_ps(f, st);
+}
+
 /* 16 weights at column k (a multiple of 16) of a row; st: the row's block
  * state (FP8: the broadcast scale, times 2^8 unless two; 4-bit: the scaled
- * table). nanchk: FP8 lanes may hold NaN codes. tail: only rem < 16 values
- * are left (masked loads; the other lanes are +0). */
-INL __m512 dec16(int el, const uint8_t *row, int k, __m512 st, int two, int nanchk, int tail, int rem) {
+ * table); FP8's NaN codes are blended in (dec32 is the form for groups
+ * without them). tail: only rem < 16 values are left (masked loads; the
+ * other lanes are +0). */
+INL __m512 dec16(int el, const uint8_t *row, int k, __m512 st, int two, int tail, int rem) {
     __mmask16 m = tail ? (__mmask16)((1u << rem) - 1) : (__mmask16)0xffff;
     __m512 w;
     if (el == FP8) {
         __m128i b = tail ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
         __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
         __m512 f = _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80)));
-        if (two) f = _mm512_mul_ps(f, _mm512_set1_ps(0x1p8f));
-        w = _mm512_mul_ps(f, st);
-        if (nanchk) {
-            __mmask16 nm = _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8(-1));
-            if (nm) w = _mm512_mask_mov_ps(w, nm, _mm512_set1_ps(NAN));
-        }
+        w = fp8_scaled(f, st, two);
+        __mmask16 nm = _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8(-1));
+        if (nm) w = _mm512_mask_mov_ps(w, nm, _mm512_set1_ps(NAN));
     } else {
         const uint8_t *p = row + (k >> 1);
         __m128i b = tail ? _mm_maskz_loadu_epi8((__mmask16)((1u << ((rem + 1) >> 1)) - 1), p)
@@ -116,10 +121,10 @@ INL int block_state(__m512 *st, const uint8_t *const *srow, df_scale_type sct, i
 
 /* acc[r][t] += w(row r, chunk k) * x[t][chunk k] */
 INL void qstep(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
-               int k, int el, int RN, int RT, int two, int nanchk, int tail, int rem) {
+               int k, int el, int RN, int RT, int two, int tail, int rem) {
     __m512 wv[QNM];
     #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) wv[r] = dec16(el, w + r * rs, k, st[r], two, nanchk, tail, rem);
+    for (int r = 0; r < RN; r++) wv[r] = dec16(el, w + r * rs, k, st[r], two, tail, rem);
     __mmask16 m = tail ? (__mmask16)((1u << rem) - 1) : (__mmask16)0xffff;
     #pragma GCC unroll 8
     for (int t = 0; t < RT; t++) {
@@ -138,9 +143,8 @@ INL void dec32(const uint8_t *row, int k, __m512 st, int two, __m512 *w0, __m512
     __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + k))), 7);
     h = _mm512_and_si512(h, _mm512_set1_epi16((short)0xbf80));
     __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    if (two) f0 = _mm512_mul_ps(f0, _mm512_set1_ps(0x1p8f)), f1 = _mm512_mul_ps(f1, _mm512_set1_ps(0x1p8f));
-    *w0 = _mm512_mul_ps(f0, st);
-    *w1 = _mm512_mul_ps(f1, st);
+    *w0 = fp8_scaled(f0, st, two);
+    *w1 = fp8_scaled(f1, st, two);
 }
 
 /* qstep for FP8 chunks k and k + 16 of rows without NaN codes there. */
@@ -187,12 +191,12 @@ INL void qblock(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, 
                 for (int c = 0; c < 64; c += 32) qstep32(acc, x, ldx, w, rs, st, k + c, RN, RT, two);
             } else {
                 #pragma GCC unroll 4
-                for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 1, 0, 16);
+                for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 0, 16);
             }
         }
     }
-    for (; k + 16 <= ke; k += 16) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 0, 16);
-    if (k < ke) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 1, ke - k);
+    for (; k + 16 <= ke; k += 16) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 16);
+    if (k < ke) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, ke - k);
 }
 
 /* lanes[i] += lanes[i+8]; +4; +2; +1 -> lane 0 (as matmul_avx512.c) */
@@ -455,10 +459,10 @@ INL void qdecode(float *dst, const df_wview *v, int r0, int n, int el) {
             int ke = K - kb < bc ? K : kb + bc, k = kb;
             __m512 st;
             int two = block_state(&st, &srow, v->fmt.scale, j, el, 1);
-            for (; k + 16 <= ke; k += 16) _mm512_storeu_ps(d + k, dec16(el, row, k, st, two, 1, 0, 16));
+            for (; k + 16 <= ke; k += 16) _mm512_storeu_ps(d + k, dec16(el, row, k, st, two, 0, 16));
             if (k < ke)
                 _mm512_mask_storeu_ps(d + k, (__mmask16)((1u << (ke - k)) - 1),
-                                      dec16(el, row, k, st, two, 1, 1, ke - k));
+                                      dec16(el, row, k, st, two, 1, ke - k));
         }
     }
 }
