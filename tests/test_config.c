@@ -620,15 +620,6 @@ static void test_generation(void **state) {
 
 /* ---- directories --------------------------------------------------------- */
 
-static void write_text(const char *dir, const char *name, const char *text) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static void test_load_dir(void **state) {
     (void)state;
     char dir[] = "/tmp/df-test-cfg-XXXXXX";
@@ -639,7 +630,7 @@ static void test_load_dir(void **state) {
     check_fail(df_config_load_dir(&c, dir, &err), &err, DF_ERR_IO, "config.json", dir);
 
     char *j = with(DENSE, "eos_token_id", "9", NULL);
-    write_text(dir, "config.json", j);
+    df_test_write_text(dir, "config.json", j);
     free(j);
     df_generation g;
     assert_int_equal(df_config_load_dir(&c, dir, &err), DF_OK);
@@ -647,7 +638,7 @@ static void test_load_dir(void **state) {
     assert_int_equal(g.n_eos_token_ids, 1);
     assert_int_equal(g.eos_token_ids[0], 9);
 
-    write_text(dir, "generation_config.json", "{\"eos_token_id\": [10, 11]}");
+    df_test_write_text(dir, "generation_config.json", "{\"eos_token_id\": [10, 11]}");
     assert_int_equal(df_config_load_dir(&c, dir, &err), DF_OK);
     assert_int_equal(df_generation_load_dir(&g, &c, dir, &err), DF_OK);
     assert_int_equal(g.n_eos_token_ids, 2);
@@ -655,12 +646,12 @@ static void test_load_dir(void **state) {
     assert_int_equal(c.n_eos_token_ids, 1); /* config.json's own ids stay */
 
     df_generation before = g;
-    write_text(dir, "generation_config.json", "{\"eos_token_id\": oops}");
+    df_test_write_text(dir, "generation_config.json", "{\"eos_token_id\": oops}");
     check_fail(df_generation_load_dir(&g, &c, dir, &err), &err, DF_ERR_FORMAT, "generation_config.json",
                dir);
     assert_memory_equal(&g, &before, sizeof g);
 
-    write_text(dir, "config.json", "{\"model_type\":\"mistral\"}");
+    df_test_write_text(dir, "config.json", "{\"model_type\":\"mistral\"}");
     check_fail(df_config_load_dir(&c, dir, &err), &err, DF_ERR_UNSUPPORTED, "config.json",
                "'mistral'");
     df_test_rm_tree(dir);

@@ -166,15 +166,6 @@ static void test_truncated(void **st) {
     expect_err(rc, &e, "experts.bin is missing", NULL);
 }
 
-static void write_text(const char *dir, const char *name, const char *text) {
-    char p[700];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "wb");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static void test_bad_manifest(void **st) {
     (void)st;
     const char *d[1] = {tmp("badman")};
@@ -185,9 +176,9 @@ static void test_bad_manifest(void **st) {
     df_pack *p;
     int rc;
 
-    write_text(d[0], "manifest.json", "{\"format\": \"deltafin-pack\", ");
+    df_test_write_text(d[0], "manifest.json", "{\"format\": \"deltafin-pack\", ");
     expect_err(df_pack_open(&p, d, 1, &g_ck, &e), &e, "not valid JSON", NULL);
-    write_text(d[0], "manifest.json", "[1,2,3]");
+    df_test_write_text(d[0], "manifest.json", "[1,2,3]");
     expect_err(df_pack_open(&p, d, 1, &g_ck, &e), &e, "not a deltafin pack manifest", NULL);
 
     struct { const char *from, *to, *want; } cases[] = {
@@ -219,7 +210,7 @@ static void test_bad_manifest(void **st) {
         memcpy(t, orig, pre);
         memcpy(t + pre, cases[i].to, tl);
         memcpy(t + pre + tl, s + fl, len - pre - fl + 1);
-        write_text(d[0], "manifest.json", t);
+        df_test_write_text(d[0], "manifest.json", t);
         free(t);
         rc = df_pack_open(&p, d, 1, &g_ck, &e);
         expect_err(rc, &e, cases[i].want, d[0]);
@@ -237,7 +228,7 @@ static void test_bad_manifest(void **st) {
         memcpy(t, orig, pre);
         memcpy(t + pre, to, tl);
         memcpy(t + pre + tl, s + fl, len - pre - fl + 1);
-        write_text(d[0], "manifest.json", t);
+        df_test_write_text(d[0], "manifest.json", t);
         free(t);
         rc = df_pack_open(&p, d, 1, &g_ck, &e);
         expect_err(rc, &e, "part 0 is 'w1.weight', the model's is 'gate_proj.weight'", d[0]);
@@ -246,7 +237,7 @@ static void test_bad_manifest(void **st) {
         df_pack_close(p);
     }
     /* a damaged manifest is not overwritten by pack either */
-    write_text(d[0], "manifest.json", "[1,2,3]");
+    df_test_write_text(d[0], "manifest.json", "[1,2,3]");
     df_pack_write_result res;
     rc = pack_into(d, 1, NULL, &res, &e);
     expect_err(rc, &e, "not a deltafin pack manifest", "not overwriting");
@@ -262,7 +253,7 @@ static void test_write_errors(void **st) {
     int rc;
     /* a file where a directory should be */
     const char *f[1] = {tmp("a-file")};
-    write_text(g_root, "a-file", "x");
+    df_test_write_text(g_root, "a-file", "x");
     rc = pack_into(f, 1, NULL, &res, &e);
     expect_err(rc, &e, "not a directory", f[0]);
     /* parent missing */

@@ -61,19 +61,10 @@ static void parse_expect(const char *header, size_t data_len, int code, const ch
     free(b);
 }
 
-static void write_file(const char *dir, const char *name, const void *p, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(p, 1, n, f), n);
-    fclose(f);
-}
-
 static void write_st(const char *dir, const char *name, const char *header, size_t data_len) {
     size_t len;
     uint8_t *b = build_st(header, data_len, UINT64_MAX, &len);
-    write_file(dir, name, b, len);
+    df_test_write_file(dir, name, b, len);
     free(b);
 }
 
@@ -428,7 +419,7 @@ static void test_open_missing(void **state) {
     expect_fail_rc(df_st_open_dir(&st, dir, &err), &err, DF_ERR_IO, p, NULL);
     rmdir(p);
     /* an empty file */
-    write_file(dir, "model.safetensors", "", 0);
+    df_test_write_file(dir, "model.safetensors", "", 0);
     expect_fail_rc(df_st_open_dir(&st, dir, &err), &err, DF_ERR_FORMAT, p, "too short");
     rm_tmpdir(dir);
 }
@@ -443,12 +434,12 @@ static void test_open_truncated(void **state) {
     df_st *st;
     df_error err = {0};
     /* data cut short: names the file and the tensor that no longer fits */
-    write_file(dir, "model.safetensors", b, len - 3);
+    df_test_write_file(dir, "model.safetensors", b, len - 3);
     expect_fail_rc(df_st_open_dir(&st, dir, &err), &err, DF_ERR_FORMAT, p,
                    "tensor 'model.norm.weight'");
     assert_non_null(strstr(err.msg, "truncated"));
     /* cut inside the header */
-    write_file(dir, "model.safetensors", b, 8 + strlen(H2) / 2);
+    df_test_write_file(dir, "model.safetensors", b, 8 + strlen(H2) / 2);
     expect_fail_rc(df_st_open_dir(&st, dir, &err), &err, DF_ERR_FORMAT, p, "header length");
     free(b);
     rm_tmpdir(dir);
@@ -465,7 +456,7 @@ static char *sharded_dir(const char *index) {
     char *dir = make_tmpdir();
     write_st(dir, SHARD_A, SA, 3);
     write_st(dir, SHARD_B, SB, 4);
-    write_file(dir, "model.safetensors.index.json", index, strlen(index));
+    df_test_write_file(dir, "model.safetensors.index.json", index, strlen(index));
     return dir;
 }
 
@@ -542,14 +533,14 @@ static void test_sharded_duplicate_across(void **state) {
     write_st(dir, SHARD_A, SA, 3);
     write_st(dir, SHARD_B, "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
     const char *idx = "{\"weight_map\":{\"a\":\"" SHARD_A "\",\"b\":\"" SHARD_A "\"}}";
-    write_file(dir, "model.safetensors.index.json", idx, strlen(idx));
+    df_test_write_file(dir, "model.safetensors.index.json", idx, strlen(idx));
     df_st *st;
     df_error err = {0};
     /* shard B is never opened (not in the index), so this is valid */
     assert_int_equal(df_st_open_dir(&st, dir, &err), DF_OK);
     df_st_close(st);
     const char *idx2 = "{\"weight_map\":{\"a\":\"" SHARD_B "\",\"b\":\"" SHARD_A "\"}}";
-    write_file(dir, "model.safetensors.index.json", idx2, strlen(idx2));
+    df_test_write_file(dir, "model.safetensors.index.json", idx2, strlen(idx2));
     expect_fail_rc(df_st_open_dir(&st, dir, &err), &err, DF_ERR_FORMAT, "tensor 'a'", SHARD_B);
     rm_tmpdir(dir);
 }
@@ -560,7 +551,7 @@ static void test_sharded_truncated_shard(void **state) {
                             "\",\"c\":\"" SHARD_B "\"}}");
     size_t len;
     uint8_t *b = build_st(SB, 4, UINT64_MAX, &len);
-    write_file(dir, SHARD_B, b, len - 1);
+    df_test_write_file(dir, SHARD_B, b, len - 1);
     free(b);
     df_st *st;
     df_error err = {0};

@@ -30,13 +30,6 @@ static const char *tmp(const char *name) {
     return b;
 }
 
-static void write_text(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
 /* ---- trace parsing ---------------------------------------------------------- */
 
 #define HDR "# moe-routing-trace v1\n# model: toy\n# moe_layers: 2  experts_per_layer: 4  top_k: 2\n"
@@ -302,19 +295,19 @@ static void test_heat_bad_files(void **st) {
     for (size_t i = 0; i < len; i++) {
         memcpy(bad, good, len);
         bad[i] ^= 0x20;
-        write_text(tmp("bad.heat"), bad, len);
+        df_test_write_path(tmp("bad.heat"), bad, len);
         assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
         assert_true(heat_is_empty(&b));
     }
     /* truncated at every length, and extended */
     for (size_t n = 0; n < len; n += 7) {
-        write_text(tmp("bad.heat"), good, n);
+        df_test_write_path(tmp("bad.heat"), good, n);
         assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
         assert_true(heat_is_empty(&b));
     }
     memcpy(bad, good, len);
     memcpy(bad + len, "trailing", 8);
-    write_text(tmp("bad.heat"), bad, len + 8);
+    df_test_write_path(tmp("bad.heat"), bad, len + 8);
     assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
     assert_non_null(strstr(why, "truncated"));
     /* valid checksum over a NaN: still refused */
@@ -323,7 +316,7 @@ static void test_heat_bad_files(void **st) {
     memcpy(bad + 40 + 8 * 7, &nan, 8);
     uint32_t crc = df_crc32(0, bad, len - 4);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (char)(crc >> (8 * i));
-    write_text(tmp("bad.heat"), bad, len);
+    df_test_write_path(tmp("bad.heat"), bad, len);
     assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
     assert_non_null(strstr(why, "layer 1, expert 2"));
     /* a directory where the file should be */
@@ -342,7 +335,7 @@ static void test_heat_bad_files(void **st) {
     assert_int_equal(load_into(&b, path, why, sizeof why), DF_HEAT_LOADED);
 
     /* a cache started from a corrupt file runs as from nothing */
-    write_text(tmp("bad.heat"), "DFHEAT", 6);
+    df_test_write_path(tmp("bad.heat"), "DFHEAT", 6);
     assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
     /* two to pin, but nothing is hot: nothing pinned */
     df_cache_opts o = {.n_layers = 3, .n_experts = 5, .top_k = 2, .n_slots = 4, .policy = DF_POLICY_DELTAFIN,
@@ -440,11 +433,11 @@ static void test_cache_sim_cli(void **st) {
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--warmup", "100000"), 2);
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--bogus", "1"), 2);
     assert_int_equal(sim("--trace", tr, "--slots", NULL, NULL, NULL), 2);
-    write_text(tmp("broken.trace"), HDR "0,1 2\n", strlen(HDR "0,1 2\n"));
+    df_test_write_path(tmp("broken.trace"), HDR "0,1 2\n", strlen(HDR "0,1 2\n"));
     assert_int_equal(sim("--trace", tmp("broken.trace"), "--slots", "2", NULL, NULL), 1);
     assert_int_equal(sim("--trace", tmp("missing.trace"), "--slots", "2", NULL, NULL), 1);
     /* a corrupt heat file is a warning, not a failure */
-    write_text(tmp("junk.heat"), "junk", 4);
+    df_test_write_path(tmp("junk.heat"), "junk", 4);
     assert_int_equal(sim("--trace", tr, "--slots", "100", "--heat", tmp("junk.heat")), 0);
 }
 

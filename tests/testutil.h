@@ -9,6 +9,7 @@
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "kernels/kernels.h"
@@ -20,16 +21,31 @@ static inline const char *df_test_root(void) {
     return r ? r : ".";
 }
 
+/* Writes n bytes to path (test fixtures), failing the test on any error. */
+static inline void df_test_write_path(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The same for file `name` in directory `dir`, and for a NUL-terminated text. */
+static inline void df_test_write_file(const char *dir, const char *name, const void *data, size_t n) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    df_test_write_path(p, data, n);
+}
+static inline void df_test_write_text(const char *dir, const char *name, const char *text) {
+    df_test_write_file(dir, name, text, strlen(text));
+}
+
 /* Copies file `from` to `to` (test fixtures), failing the test on any error. */
 static inline void df_test_copy_file(const char *from, const char *to) {
     size_t n;
     char *d;
     df_error e;
     assert_int_equal(df_read_file(from, &d, &n, &e), 0);
-    FILE *f = fopen(to, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(d, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
+    df_test_write_path(to, d, n);
     free(d);
 }
 static inline int df_test_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {

@@ -41,12 +41,11 @@ static inline size_t encode(const df_tokenizer *t, const char *s, size_t len, in
     return n;
 }
 
-/* Encodes a NUL-terminated string and compares with an expected id list. */
-static inline void expect_ids(const df_tokenizer *t, const char *s, const int32_t *exp, size_t n_exp) {
-    int32_t *ids;
-    size_t n = encode(t, s, strlen(s), &ids);
+/* ids[0..n) against the expected list; on a difference prints both after
+ * `what` (the input described) and fails the test. Frees ids. */
+static inline void expect_same_ids(const char *what, int32_t *ids, size_t n, const int32_t *exp, size_t n_exp) {
     if (n != n_exp || memcmp(ids, exp, n * sizeof *ids) != 0) {
-        fprintf(stderr, "encode(\"%s\"): got", s);
+        fprintf(stderr, "%s: got", what);
         for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
         fprintf(stderr, ", expected");
         for (size_t i = 0; i < n_exp; i++) fprintf(stderr, " %d", exp[i]);
@@ -56,6 +55,15 @@ static inline void expect_ids(const df_tokenizer *t, const char *s, const int32_
     }
     free(ids);
 }
+
+/* Encodes a NUL-terminated string and compares with an expected id list. */
+static inline void expect_ids(const df_tokenizer *t, const char *s, const int32_t *exp, size_t n_exp) {
+    int32_t *ids;
+    size_t n = encode(t, s, strlen(s), &ids);
+    char what[512];
+    snprintf(what, sizeof what, "encode(\"%s\")", s);
+    expect_same_ids(what, ids, n, exp, n_exp);
+}
 #define EXPECT(t, s, ...)                                                                       \
     do {                                                                                        \
         const int32_t e_[] = {__VA_ARGS__};                                                     \
@@ -64,23 +72,16 @@ static inline void expect_ids(const df_tokenizer *t, const char *s, const int32_
 
 /* Same, with special tokens plain inside the spans {off, len}. */
 static inline void expect_plain(const df_tokenizer *t, const char *s, const df_text_span *sp, size_t nsp,
-                         const int32_t *exp, size_t n_exp) {
+                                const int32_t *exp, size_t n_exp) {
     int32_t *ids;
     size_t n;
     df_error err = {0};
     int rc = df_tokenizer_encode_spans(t, s, strlen(s), sp, nsp, &ids, &n, &err);
     if (rc) fprintf(stderr, "encode failed: %s\n", err.msg);
     assert_int_equal(rc, DF_OK);
-    if (n != n_exp || memcmp(ids, exp, n * sizeof *ids) != 0) {
-        fprintf(stderr, "encode(\"%s\", %zu plain spans): got", s, nsp);
-        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
-        fprintf(stderr, ", expected");
-        for (size_t i = 0; i < n_exp; i++) fprintf(stderr, " %d", exp[i]);
-        fprintf(stderr, "\n");
-        free(ids);
-        fail();
-    }
-    free(ids);
+    char what[512];
+    snprintf(what, sizeof what, "encode(\"%s\", %zu plain spans)", s, nsp);
+    expect_same_ids(what, ids, n, exp, n_exp);
 }
 #define SPANS(...) ((const df_text_span[]){__VA_ARGS__})
 #define EXPECT_PLAIN(t, s, sp, nsp, ...)                                                        \
