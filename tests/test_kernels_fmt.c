@@ -451,6 +451,28 @@ static void test_products_special(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* Every E8M0 scale code, and BF16 scales of every kind, at group positions
+ * that the SIMD products widen 8 or 16 at a time (E8M0 0 and 255 are special
+ * cases there: 2^-127 and NaN). */
+static void test_products_all_scales(void **state) {
+    (void)state;
+    static const uint16_t bf16[] = {0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x0001, 0x0040, 0x8000, 0x0000, 0x0080, 0xc2f7};
+    const df_wfmt fs[2] = {df_wfmt_mxfp4(), df_wfmt_int4_group()};
+    for (int fi = 0; fi < 2; fi++) {
+        enum { N = 16, G = 21, K = 32 * (G - 1) + 5 };
+        qmat q = make_q(fs[fi], N, K, 0);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < G; j++) {
+                int c = (n * G + j) % 256;
+                if (fi == 0) q.sc[n * G + j] = (uint8_t)c;
+                else memcpy(q.sc + 2 * (n * G + j), &bf16[c % (sizeof bf16 / 2)], 2);
+            }
+        check_q(&q, 1, 1);
+        check_q(&q, 5, 1);
+        free_q(&q);
+    }
+}
+
 /* Row views (df_wview_rows) at offsets inside a block give the rows of the
  * whole matrix, in products and in decoding. */
 static void test_row_views(void **state) {
@@ -494,6 +516,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_products_grid),
         cmocka_unit_test(test_products_big),
         cmocka_unit_test(test_products_special),
+        cmocka_unit_test(test_products_all_scales),
         cmocka_unit_test(test_row_views),
     };
     return cmocka_run_group_tests(tests, setup_pools, teardown_pools);

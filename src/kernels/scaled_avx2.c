@@ -14,19 +14,26 @@
  *    compare per 32 values finds NaN codes, and only then are they blended in.
  *    Without them, one-token products decode 16 values of a row at once (dec16:
  *    one widening, shift and mask of 16 bytes for both halves).
- *  - INT4 and E2M1: vpermps reads only 3 index bits, so the 16-entry table is
- *    two scaled 8-entry halves (nibbles 0-7 and 8-15) and the nibble's bit 3,
- *    shifted into the sign bit, picks one with vblendvps. The products
- *    (qstep4) keep the lanes in a permuted order so that one shift per 8
- *    values extracts the nibbles, and decode INT4 without a table: (n ^ 8)
- *    sign-extended is n - 8, converted exactly and multiplied by the scale,
- *    the same fl((n - 8) * s) as the table entry.
+ *  - E2M1: vpermps reads only 3 index bits, so the table holds the scaled
+ *    magnitudes of codes 0-7 and the code's bit 3 becomes the sign with one
+ *    xor (e2m1_sign): fl(-d * s) = -fl(d * s). (A second table and vblendvps
+ *    per 8 values took 1.3-1.4x as long.)
+ *  - INT4: the rows' decoding uses two scaled 8-entry halves (nibbles 0-7 and
+ *    8-15), the nibble's bit 3, shifted into the sign bit, picking one with
+ *    vblendvps. The products decode without a table: (n ^ 8) sign-extended
+ *    is n - 8, converted exactly and multiplied by the scale, the same
+ *    fl((n - 8) * s) as the table entry.
+ *  - The products of both (qstep4) keep the lanes in a permuted order so that
+ *    one shift per 8 values extracts the nibbles, and widen the group scales 8
+ *    at a time into a small buffer (load_scales), as scaled_avx512.c does.
  * The tail (K % 16 values) is decoded from a zeroed copy of its bytes and
  * masked to +0 past the row's end.
  *
- * Tiles: T == 1 does 4 rows at once (8 accumulators) with the software
- * prefetch of matmul_avx2.c; T > 1 a 2-row x 2-token tile (8 accumulators and
- * the rows' tables within the 16 registers).
+ * Tiles: T == 1 does 4 rows at once for FP8 (8 accumulators) and 3 for the
+ * 4-bit formats (6 accumulators, 3 tables: with 4 rows GCC kept 4
+ * accumulators in memory), with the software prefetch of matmul_avx2.c; T > 1
+ * a 2-row x 2-token tile (8 accumulators and the rows' tables within the 16
+ * registers).
  */
 #include "kernels/scaled.h"
 
@@ -37,9 +44,10 @@
 #define INL static inline __attribute__((always_inline))
 
 #define QG 4 /* rows per group, T == 1 */
+#define QG4 3 /* rows per group, T == 1, 4-bit formats */
 #define QN 2 /* rows per tile, T > 1 */
 #define QT 2 /* tokens per tile, T > 1 */
-#define QMAX 4
+#define QMAX 4 /* the largest of QG, QG4, QN */
 
 enum { FP8 = DF_EL_F8_E4M3, I4 = DF_EL_I4, E2M1 = DF_EL_E2M1 };
 
@@ -59,9 +67,10 @@ INL qstate make_state(int el, float s, int two, int prod) {
     } else if (el == I4) {
         q.a = _mm256_mul_ps(_mm256_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f), sv);
         q.b = _mm256_mul_ps(_mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f), sv);
-    } else {
-        q.a = _mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sv);
-        q.b = _mm256_mul_ps(_mm256_setr_ps(-0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f), sv);
+    } else { /* E2M1: the magnitudes' table, entry i xored with i << 28 (e2m1_sign) */
+        __m256 m = _mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sv);
+        q.a = q.b = _mm256_xor_ps(m, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28,
+                                                                           5 << 28, 6 << 28, 7 << 28)));
     }
     return q;
 }
@@ -70,6 +79,14 @@ INL qstate make_state(int el, float s, int two, int prod) {
  * block state (s * 2^8, or s itself in the two-multiply form). */
 INL __m256 fp8_scaled(__m256 f, qstate st, int two) {
     return _mm256_mul_ps(two ? _mm256_mul_ps(f, _mm256_set1_ps(0x1p8f)) : f, st.a);
+}
+
+/* E2M1: t is the table entry of the nibble's bits 0-2 (vpermps reads no more),
+ * fl(|d| * s) ^ (bits 0-2 << 28); xoring the nibble << 28 takes those bits
+ * out again and puts its bit 3 into the sign: fl(-|d| * s) = -fl(|d| * s).
+ * One xor instead of a second lookup and a blend. */
+INL __m256 e2m1_sign(__m256 t, __m256i idx) {
+    return _mm256_xor_ps(t, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
 /* 8 weights at column k (a multiple of 8) of a row (p: the row's bytes or a
@@ -90,6 +107,7 @@ INL __m256 dec8(int el, const uint8_t *row, int k, qstate st, int two, int nanch
     memcpy(&b4, row + (k >> 1), 4);
     __m256i q = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(b4));
     __m256i idx = _mm256_or_si256(q, _mm256_slli_epi64(q, 28));
+    if (el == E2M1) return e2m1_sign(_mm256_permutevar8x32_ps(st.a, idx), idx);
     __m256 lo = _mm256_permutevar8x32_ps(st.a, idx), hi = _mm256_permutevar8x32_ps(st.b, idx);
     return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
@@ -105,7 +123,7 @@ INL void dec16(const uint8_t *row, int k, qstate st, int two, __m256 *w0, __m256
 }
 
 /* The state of each row for block column j; returns `two` (FP8 only). */
-INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, int j, int el, int RN, int prod) {
+INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, int j, int el, int RN) {
     float s[QMAX];
     int two = 0;
     #pragma GCC unroll 8
@@ -114,7 +132,7 @@ INL int block_state(qstate *st, const uint8_t *const *srow, df_scale_type sct, i
         if (el == FP8) two |= isfinite(s[r]) && !isfinite(s[r] * 0x1p8f);
     }
     #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) st[r] = make_state(el, s[r], two, prod);
+    for (int r = 0; r < RN; r++) st[r] = make_state(el, s[r], two, 0);
     return two;
 }
 
@@ -163,8 +181,7 @@ INL __m256 dec4p(int el, __m256i b, int h, qstate st) {
     }
     __m256i sh = h ? _mm256_setr_epi64x(8, 12, 24, 28) : _mm256_setr_epi64x(0, 4, 16, 20);
     __m256i idx = _mm256_srlv_epi64(b, sh);
-    __m256 lo = _mm256_permutevar8x32_ps(st.a, idx), hi = _mm256_permutevar8x32_ps(st.b, idx);
-    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+    return e2m1_sign(_mm256_permutevar8x32_ps(st.a, idx), idx);
 }
 
 /* acc[r][t] += w(row r, chunk k) * x[t][chunk k] in the lane order above.
@@ -275,34 +292,30 @@ INL void qtail(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *
     qstep(acc, &xb[0][0], 16, &wb[0][0], 16, st, 0, el, RN, RT, two, 1, 1, rem);
 }
 
-/* Columns [kb, ke) of one scale block. */
+/* Columns [kb, ke) of one FP8 scale block (the 4-bit formats: qtile4). */
 INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
-                int kb, int ke, int el, int RN, int RT, int two) {
+                int kb, int ke, int RN, int RT, int two) {
     int k = kb;
-    if (el == FP8) {
-        for (; k + 32 <= ke; k += 32) {
-            int nan = fp8_has_nan(w, rs, k, RN, 32);
-            /* as in scaled_avx512.c: no loads hoisted above the test */
+    for (; k + 32 <= ke; k += 32) {
+        int nan = fp8_has_nan(w, rs, k, RN, 32);
+        /* as in scaled_avx512.c: no loads hoisted above the test */
+        __asm__ volatile("" ::: "memory");
+        if (__builtin_expect(!nan, 1)) {
             __asm__ volatile("" ::: "memory");
-            if (__builtin_expect(!nan, 1)) {
-                __asm__ volatile("" ::: "memory");
-                qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 0, 16);
-                qstep(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, two, 0, 0, 16);
-            } else {
-                qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 0, 16);
-                qstep(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, two, 1, 0, 16);
-            }
+            qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, 0, 0, 16);
+            qstep(acc, x, ldx, w, rs, st, k + 16, FP8, RN, RT, two, 0, 0, 16);
+        } else {
+            qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, 1, 0, 16);
+            qstep(acc, x, ldx, w, rs, st, k + 16, FP8, RN, RT, two, 1, 0, 16);
         }
-        if (k + 16 <= ke) {
-            int nan = fp8_has_nan(w, rs, k, RN, 16);
-            if (__builtin_expect(!nan, 1)) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 0, 16);
-            else qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 1, 0, 16);
-            k += 16;
-        }
-    } else {
-        for (; k + 16 <= ke; k += 16) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, 0, 0, 0, 16);
     }
-    if (k < ke) qtail(acc, x, ldx, w, rs, st, k, ke - k, el, RN, RT, two);
+    if (k + 16 <= ke) {
+        int nan = fp8_has_nan(w, rs, k, RN, 16);
+        if (__builtin_expect(!nan, 1)) qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, 0, 0, 16);
+        else qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, 1, 0, 16);
+        k += 16;
+    }
+    if (k < ke) qtail(acc, x, ldx, w, rs, st, k, ke - k, FP8, RN, RT, two);
 }
 
 /* lo + hi is lanes[i] += lanes[i+8]; then +4, +2, +1 (as matmul_avx2.c) */
@@ -314,8 +327,80 @@ INL float hsum2x8(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(d);
 }
 
+/* Scales j0 .. j0 + 7 (those below gc) of each row, widened exactly to F32
+ * (BF16: shifted; E8M0: df_e8m0_bits), for broadcasts from memory. */
+INL void load_scales(float sb[QMAX][8], const uint8_t *const *srow, int el, int j0, int gc, int RN) {
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++) {
+        if (gc - j0 < 8) { /* the row's last scales: no reads past them */
+            for (int i = 0; i < gc - j0; i++) sb[r][i] = df_scale_at(srow[r], el == I4 ? DF_SC_BF16 : DF_SC_E8M0, j0 + i);
+            continue;
+        }
+        __m256i v;
+        if (el == I4) {
+            v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(srow[r] + 2 * (size_t)j0))), 16);
+        } else {
+            __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(srow[r] + j0)));
+            v = _mm256_slli_epi32(e, 23);
+            v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+            v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+        }
+        _mm256_store_si256((__m256i *)sb[r], v);
+    }
+}
+
+/* As qtile for I4 and E2M1, the group scales widened 8 at a time (load_scales)
+ * and each group's state made from a broadcast of its scale. bc: a constant
+ * (32) or 0 (read bcv). spf: where to prefetch each row's scales (with pf). */
+INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
+                const uint8_t *const *srow, int K, int bc, int bcv, int el, int RN, int RT, int pf,
+                const uint8_t *const *spf) {
+    if (!bc) bc = bcv;
+    __m256 acc[QMAX][QT][2];
+    _Alignas(32) float sb[QMAX][8];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RN; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < RT; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    const int gc = (K + bc - 1) / bc;
+    for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
+        int ke = K - kb < bc ? K : kb + bc;
+        if ((j & 7) == 0) {
+            load_scales(sb, srow, el, j, gc, RN);
+            if (pf) {
+                int b0 = kb >> 1, b1 = (K - kb < 8 * bc ? K + 1 : kb + 8 * bc) >> 1;
+                for (int o = (b0 + 63) & ~63; o < b1; o += 64)
+                    #pragma GCC unroll 8
+                    for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
+                #pragma GCC unroll 8
+                for (int r = 0; r < RN; r++)
+                    _mm_prefetch((const char *)spf[r] + (size_t)j * (el == I4 ? 2 : 1), _MM_HINT_T1);
+            }
+        }
+        qstate st[QMAX];
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) st[r] = make_state(el, sb[r][j & 7], 0, 1);
+        int k = kb;
+        for (; k + 16 <= ke; k += 16) qstep4(acc, x, ldx, w, rs, st, k, el, RN, RT, 0, 16);
+        if (k < ke) qtail(acc, x, ldx, w, rs, st, k, ke - k, el, RN, RT, 0);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < RT; t++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < RN; r++) /* back to lanes 0-7 and 8-15 (qstep4) */
+            y[(size_t)t * ldy + r] = hsum2x8(_mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* FP8 here; the 4-bit formats in qtile4 (spf: see there) */
 INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
-               const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int RT, int pf) {
+               const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int RT, int pf,
+               const uint8_t *const *spf) {
+    if (el != FP8) {
+        if (bc == 32) qtile4(y, ldy, x, ldx, w, rs, srow, K, 32, bc, el, RN, RT, pf, spf);
+        else qtile4(y, ldy, x, ldx, w, rs, srow, K, 0, bc, el, RN, RT, pf, spf);
+        return;
+    }
     __m256 acc[QMAX][QT][2];
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++)
@@ -323,35 +408,27 @@ INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, siz
         for (int t = 0; t < RT; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
         int ke = K - kb < bc ? K : kb + bc;
-        if (pf) {
-            int b0 = el == FP8 ? kb : kb >> 1, b1 = el == FP8 ? ke : (ke + 1) >> 1;
-            for (int o = (b0 + 63) & ~63; o < b1; o += 64)
+        if (pf)
+            for (int o = (kb + 63) & ~63; o < ke; o += 64)
                 #pragma GCC unroll 8
                 for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
-        }
         qstate st[QMAX];
-        if (block_state(st, srow, sct, j, el, RN, 1)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
-        else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0);
+        if (block_state(st, srow, sct, j, FP8, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, RN, RT, 1);
+        else qblock(acc, x, ldx, w, rs, st, kb, ke, RN, RT, 0);
     }
     #pragma GCC unroll 8
     for (int t = 0; t < RT; t++)
         #pragma GCC unroll 8
-        for (int r = 0; r < RN; r++) {
-            __m256 a = acc[r][t][0], b = acc[r][t][1];
-            if (el != FP8) { /* back to lanes 0-7 and 8-15 (qstep4) */
-                a = _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(2, 0, 2, 0));
-                b = _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(3, 1, 3, 1));
-            }
-            y[(size_t)t * ldy + r] = hsum2x8(a, b);
-        }
+        for (int r = 0; r < RN; r++) y[(size_t)t * ldy + r] = hsum2x8(acc[r][t][0], acc[r][t][1]);
 }
 
 _Static_assert(QT == 2, "qstrip() has a case for each leftover count 1..QT-1");
 INL void qstrip(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
                 const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int nt) {
     int t = 0, tf = nt - nt % QT;
-    for (; t < tf; t += QT) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0);
-    if (nt > tf) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0);
+    for (; t < tf; t += QT)
+        qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0, NULL);
+    if (nt > tf) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0, NULL);
 }
 
 INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1, int el) {
@@ -359,17 +436,24 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
     const int K = v->cols, bc = v->fmt.block_cols;
     const size_t rs = df_wfmt_row_bytes(v->fmt, K);
     const df_scale_type sct = v->fmt.scale;
-    const uint8_t *sr[QMAX];
+    const uint8_t *sr[QMAX], *spf[QMAX];
     if (T == 1) {
-        int pf = QG * rs <= (32u << 10) ? (int)(QG * rs) : 2048;
+        const int G = el == FP8 ? QG : QG4;
+        int next = G * rs <= (32u << 10), pf = next ? (int)(G * rs) : 2048;
+        /* the 4-bit formats' scales pf bytes of values on (as scaled_avx512.c) */
+        size_t spo = el == FP8 ? 0 : (size_t)(2 * pf / bc) * (el == I4 ? 2 : 1);
         int n = n0;
-        for (; n + QG <= n1; n += QG) {
-            for (int r = 0; r < QG; r++) sr[r] = df_scale_row(v, n + r);
-            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, QG, 1, pf);
+        for (; n + G <= n1; n += G) {
+            for (int r = 0; r < G; r++) {
+                int nr = n + G + r;
+                sr[r] = df_scale_row(v, n + r);
+                spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
+            }
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, G, 1, pf, spf);
         }
         for (; n < n1; n++) {
             sr[0] = df_scale_row(v, n);
-            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0, NULL);
         }
         return;
     }
@@ -418,7 +502,7 @@ INL void qdecode(float *dst, const df_wview *v, int r0, int n, int el) {
         for (int kb = 0, j = 0; kb < K; kb += bc, j++) {
             int ke = K - kb < bc ? K : kb + bc, k = kb;
             qstate st;
-            int two = block_state(&st, &srow, v->fmt.scale, j, el, 1, 0);
+            int two = block_state(&st, &srow, v->fmt.scale, j, el, 1);
             for (; k + 8 <= ke; k += 8) _mm256_storeu_ps(d + k, dec8(el, row, k, st, two, 1));
             if (k < ke) {
                 /* k is a multiple of 8: the bytes of 8 values from a zeroed copy */
