@@ -33,7 +33,10 @@
  * 4-bit formats (6 accumulators, 3 tables: with 4 rows GCC kept 4
  * accumulators in memory), with the software prefetch of matmul_avx2.c; T > 1
  * a 2-row x 2-token tile (8 accumulators and the rows' tables within the 16
- * registers).
+ * registers). The one-token 4-bit tile of 32-value groups is a function of its
+ * own (qtile4_t1_*) that steps through a whole group without a loop: inlined
+ * with the rest it kept accumulators in memory, and the two together took
+ * INT4 from 0.25 to 0.33 of the bandwidth (docs/benchmarks.md).
  */
 #include "kernels/scaled.h"
 
@@ -381,6 +384,11 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
         #pragma GCC unroll 8
         for (int r = 0; r < RN; r++) st[r] = make_state(el, sb[r][j & 7], 0, 1);
         int k = kb;
+        if (bc == 32 && ke - kb == 32) { /* a whole group: two steps, no loop */
+            qstep4(acc, x, ldx, w, rs, st, k, el, RN, RT, 0, 16);
+            qstep4(acc, x, ldx, w, rs, st, k + 16, el, RN, RT, 0, 16);
+            continue;
+        }
         for (; k + 16 <= ke; k += 16) qstep4(acc, x, ldx, w, rs, st, k, el, RN, RT, 0, 16);
         if (k < ke) qtail(acc, x, ldx, w, rs, st, k, ke - k, el, RN, RT, 0);
     }
@@ -391,6 +399,17 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
             y[(size_t)t * ldy + r] = hsum2x8(_mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(2, 0, 2, 0)),
                                              _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
+
+/* The one-token 4-bit tile of 32-value groups, compiled on its own: inlined
+ * into qrows with the other tiles, GCC kept 3 of its 6 accumulators in memory. */
+#define QTILE4_T1(name, EL)                                                                                        \
+    static __attribute__((noinline)) void name(float *y, const float *x, const uint8_t *w, size_t rs,               \
+                                               const uint8_t *const *srow, int K, int pf,                          \
+                                               const uint8_t *const *spf) {                                        \
+        qtile4(y, 1, x, 0, w, rs, srow, K, 32, 32, EL, QG4, 1, pf, spf);                                         \
+    }
+QTILE4_T1(qtile4_t1_i4, I4)
+QTILE4_T1(qtile4_t1_e2m1, E2M1)
 
 /* FP8 here; the 4-bit formats in qtile4 (spf: see there) */
 INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
@@ -449,7 +468,10 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
                 sr[r] = df_scale_row(v, n + r);
                 spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
             }
-            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, G, 1, pf, spf);
+            if (el != FP8 && bc == 32)
+                (el == I4 ? qtile4_t1_i4 : qtile4_t1_e2m1)(y + n, x, w + n * rs, rs, sr, K, pf, spf);
+            else
+                qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, G, 1, pf, spf);
         }
         for (; n < n1; n++) {
             sr[0] = df_scale_row(v, n);
