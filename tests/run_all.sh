@@ -69,6 +69,7 @@ run_counted() { # name command... ; the command ends with "N passed, N failed"
 run_counted ref-selftest $PY tests/ref/test_ref_selftest.py
 run_counted deepseek-ref $PY tests/ref/test_deepseek_ref.py
 run_counted quant-ref $PY tests/ref/test_quant_ref.py
+run_counted quant-suite $PY tests/ref/test_quant_suite.py
 run_counted kimi-linear-ref $PY tests/ref/test_kimi_linear_ref.py
 run_counted reference $PY tests/ref/check_model.py --suite --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS/ref"
 # the DeepSeek-V3 family: every model also prefilled 3 rows at a time through the latent

@@ -20,8 +20,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 
@@ -31,42 +29,16 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import check_model  # noqa: E402
 import deepseek_ref as D  # noqa: E402
-import gen_checkpoint  # noqa: E402
+import reftest  # noqa: E402
+from reftest import gen, rel_err, test, tmp, toks  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
-TMP = None
-TESTS = []
-MODELS = {}
 TOL = check_model.DEFAULT_TOL
 
 
-def test(fn):
-    TESTS.append(fn)
-    return fn
-
-
 def suite_model(name):
-    """A DEEPSEEK_SUITE checkpoint under TMP (generated once, no tokenizer)."""
-    if name not in MODELS:
-        d = os.path.join(TMP, name)
-        args = check_model.DEEPSEEK_SUITE[name] + ["--out", d, "--no-tokenizer"]
-        gen_checkpoint.generate(gen_checkpoint.parse_args(args))
-        MODELS[name] = d
-    return MODELS[name]
-
-
-def gen(name, *args):
-    d = os.path.join(TMP, name)
-    gen_checkpoint.generate(gen_checkpoint.parse_args(list(args) + ["--out", d, "--no-tokenizer"]))
-    return d
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
-def toks(seed, n=64, vocab=1024):
-    return [int(x) for x in np.random.default_rng(seed).integers(0, vocab, n)]
+    """A DEEPSEEK_SUITE checkpoint under the scratch directory (generated once)."""
+    return reftest.suite_model(check_model.DEEPSEEK_SUITE, name)
 
 
 def cfg_of(**kw):
@@ -489,7 +461,7 @@ def bad_configs_are_rejected():
         else:
             raise AssertionError(f"{field}: accepted {change}")
     # latent sizes that disagree with the checkpoint, and a missing MLA tensor
-    bad = os.path.join(TMP, "bad-latent")
+    bad = tmp("bad-latent")
     shutil.copytree(suite_model("ds-v2"), bad)
     cfg = json.load(open(os.path.join(bad, "config.json")))
     json.dump(dict(cfg, kv_lora_rank=16), open(os.path.join(bad, "config.json"), "w"))
@@ -601,7 +573,7 @@ def checker_end_to_end():
     assert ok, line
     ok, line1 = check_model.check_model(d, fake, "ds-v3", batch=1)
     assert ok, line1
-    shim = os.path.join(TMP, "bad_engine.py")
+    shim = tmp("bad_engine.py")
     with open(shim, "w") as f:
         f.write("import sys\nsys.path.insert(0, %r)\nimport deepseek_ref\n"
                 "a = sys.argv[1:]\n"
@@ -614,24 +586,5 @@ def checker_end_to_end():
     return line
 
 
-def main():
-    global TMP
-    TMP = tempfile.mkdtemp(prefix="df-ds-ref-test-")
-    failed = 0
-    try:
-        for fn in TESTS:
-            try:
-                note = fn()
-                print(f"ok   {fn.__name__}" + (f"  ({note})" if note else ""), flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {fn.__name__}", flush=True)
-                traceback.print_exc(file=sys.stdout)
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{len(TESTS) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reftest.main("df-ds-ref-test-"))

@@ -21,8 +21,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 
@@ -34,35 +32,16 @@ import check_model  # noqa: E402
 import gen_checkpoint  # noqa: E402
 import kimi_linear_ref as K  # noqa: E402
 import quant_np  # noqa: E402
+import reftest  # noqa: E402
+from reftest import rel_err, test, tmp, toks  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
-TMP = None
-TESTS = []
-MODELS = {}
 TOL = check_model.KIMI_TOL
 
 
-def test(fn):
-    TESTS.append(fn)
-    return fn
-
-
 def suite_model(name):
-    """A KIMI_SUITE checkpoint under TMP (generated once, no tokenizer)."""
-    if name not in MODELS:
-        d = os.path.join(TMP, name)
-        gen_checkpoint.generate(gen_checkpoint.parse_args(check_model.KIMI_SUITE[name] +
-                                                          ["--out", d, "--no-tokenizer"]))
-        MODELS[name] = d
-    return MODELS[name]
-
-
-def toks(seed, n=64, vocab=1024):
-    return [int(x) for x in np.random.default_rng(seed).integers(0, vocab, n)]
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+    """A KIMI_SUITE checkpoint under the scratch directory (generated once)."""
+    return reftest.suite_model(check_model.KIMI_SUITE, name)
 
 
 # ---- KDA ------------------------------------------------------------------------
@@ -208,7 +187,7 @@ def attn_res_block_bookkeeping():
     the stack of section 4.3 gives, for B = 2 and 3 layers: layer 1's attention sees
     mean(e, a0+f0), layer 2's sees mean(e, a0+f0+a1+f1), and the output is
     mean(e, a0+f0+a1+f1, a2+f2)."""
-    d = os.path.join(TMP, "attnres3")
+    d = tmp("attnres3")
     gen_checkpoint.generate(gen_checkpoint.parse_args(
         ["--arch", "kimi_linear", "--layers", "3", "--hidden", "32", "--intermediate", "64",
          "--kda-layers", "1,3", "--kv-lora-rank", "16", "--qk-nope-dim", "8", "--qk-rope-dim", "8",
@@ -421,7 +400,7 @@ def refused_configs():
             raise AssertionError(f"accepted {over}")
     # a tensor of the wrong shape is named
     d = suite_model("kda-chan")
-    bad_dir = os.path.join(TMP, "bad-alog")
+    bad_dir = tmp("bad-alog")
     shutil.copytree(d, bad_dir)
     path = os.path.join(bad_dir, "model.safetensors")
     ck = st.Checkpoint(bad_dir)
@@ -612,7 +591,7 @@ def checker_end_to_end():
     assert ok, line
     ok, line3 = check_model.check_model(d, fake, "k3", batch=3)
     assert ok, line3
-    shim = os.path.join(TMP, "bad_engine.py")
+    shim = tmp("bad_engine.py")
     with open(shim, "w") as f:
         f.write("import sys\nsys.path.insert(0, %r)\nimport kimi_linear_ref\n"
                 "a = sys.argv[1:]\n"
@@ -625,24 +604,5 @@ def checker_end_to_end():
     return line
 
 
-def main():
-    global TMP
-    TMP = tempfile.mkdtemp(prefix="df-kimi-ref-test-")
-    failed = 0
-    try:
-        for fn in TESTS:
-            try:
-                note = fn()
-                print(f"ok   {fn.__name__}" + (f"  ({note})" if note else ""), flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {fn.__name__}", flush=True)
-                traceback.print_exc(file=sys.stdout)
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{len(TESTS) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reftest.main("df-kimi-ref-test-"))

@@ -20,8 +20,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 
@@ -32,22 +30,10 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 import check_model  # noqa: E402
 import gen_checkpoint  # noqa: E402
 import qwen3_ref as R  # noqa: E402
+import reftest  # noqa: E402
+from reftest import gen, rel_err, test, tmp  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
-TMP = None
-TESTS = []
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
-
-
-def gen(name, *args):
-    """Generates a tiny model under TMP (no tokenizer: the reference needs none)."""
-    d = os.path.join(TMP, name)
-    gen_checkpoint.generate(gen_checkpoint.parse_args(list(args) + ["--out", d, "--no-tokenizer"]))
-    return d
 
 
 DENSE = ["--arch", "qwen3", "--seed", "3", "--vocab", "256", "--hidden", "32", "--intermediate", "64",
@@ -55,10 +41,6 @@ DENSE = ["--arch", "qwen3", "--seed", "3", "--vocab", "256", "--hidden", "32", "
 MOE = ["--arch", "qwen3_moe", "--seed", "4", "--vocab", "256", "--hidden", "32", "--intermediate", "64",
        "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--experts", "6",
        "--top-k", "2", "--moe-intermediate", "16"]
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 # ---- safetensors -----------------------------------------------------------
@@ -94,7 +76,7 @@ def bf16_rounding():
 
 @test
 def safetensors_roundtrip():
-    p = os.path.join(TMP, "rt.safetensors")
+    p = tmp("rt.safetensors")
     rng = np.random.default_rng(1)
     t = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7),
          "c": rng.standard_normal((2, 2, 2)), "empty": np.zeros((0, 4))}
@@ -115,14 +97,14 @@ def safetensors_roundtrip():
 
 @test
 def safetensors_rejects_bad_files():
-    good = os.path.join(TMP, "good.safetensors")
+    good = tmp("good.safetensors")
     st.save_file(good, {"x": np.ones(4), "y": np.ones(2)})
     raw = open(good, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     hdr = json.loads(raw[8:8 + n])
 
     def variant(name, data):
-        p = os.path.join(TMP, name)
+        p = tmp(name)
         with open(p, "wb") as f:
             f.write(data)
         try:
@@ -484,12 +466,12 @@ def checker_catches_engine_bugs():
 def checker_end_to_end():
     """check_model.py with the float32 reference posing as the engine passes, and
     with an engine whose `run` drops the first prompt token it fails."""
-    d = os.path.join(TMP, "e2e")
+    d = tmp("e2e")
     shutil.copytree(gen("e2e-src", *MOE), d)
     fake = f"{sys.executable} {os.path.join(HERE, 'qwen3_ref.py')}"
     ok, line = check_model.check_model(d, fake, "e2e")
     assert ok, line
-    shim = os.path.join(TMP, "bad_engine.py")
+    shim = tmp("bad_engine.py")
     with open(shim, "w") as f:
         f.write("import sys\nsys.path.insert(0, %r)\nimport qwen3_ref\n"
                 "a = sys.argv[1:]\n"
@@ -505,24 +487,5 @@ def checker_end_to_end():
     return line
 
 
-def main():
-    global TMP
-    TMP = tempfile.mkdtemp(prefix="df-ref-selftest-")
-    failed = 0
-    try:
-        for fn in TESTS:
-            try:
-                note = fn()
-                print(f"ok   {fn.__name__}" + (f"  ({note})" if note else ""), flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {fn.__name__}", flush=True)
-                traceback.print_exc(file=sys.stdout)
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{len(TESTS) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reftest.main("df-ref-selftest-"))
