@@ -456,7 +456,8 @@ static void test_products_special(void **state) {
  * cases there: 2^-127 and NaN). */
 static void test_products_all_scales(void **state) {
     (void)state;
-    static const uint16_t bf16[] = {0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x0001, 0x0040, 0x8000, 0x0000, 0x0080, 0xc2f7};
+    static const uint16_t bf16[] = {0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x0001,
+                                    0x0040, 0x8000, 0x0000, 0x0080, 0xc2f7};
     const df_wfmt fs[2] = {df_wfmt_mxfp4(), df_wfmt_int4_group()};
     for (int fi = 0; fi < 2; fi++) {
         enum { N = 16, G = 21, K = 32 * (G - 1) + 5 };

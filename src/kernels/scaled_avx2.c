@@ -36,7 +36,7 @@
  * registers). The one-token 4-bit tile of 32-value groups is a function of its
  * own (qtile4_t1_*) that steps through a whole group without a loop: inlined
  * with the rest it kept accumulators in memory, and the two together took
- * INT4 from 0.25 to 0.33 of the bandwidth (docs/benchmarks.md).
+ * INT4 from 0.26 to 0.35 of the bandwidth (docs/benchmarks.md).
  */
 #include "kernels/scaled.h"
 
@@ -336,12 +336,14 @@ INL void load_scales(float sb[QMAX][8], const uint8_t *const *srow, int el, int 
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++) {
         if (gc - j0 < 8) { /* the row's last scales: no reads past them */
-            for (int i = 0; i < gc - j0; i++) sb[r][i] = df_scale_at(srow[r], el == I4 ? DF_SC_BF16 : DF_SC_E8M0, j0 + i);
+            for (int i = 0; i < gc - j0; i++)
+                sb[r][i] = df_scale_at(srow[r], el == I4 ? DF_SC_BF16 : DF_SC_E8M0, j0 + i);
             continue;
         }
         __m256i v;
         if (el == I4) {
-            v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(srow[r] + 2 * (size_t)j0))), 16);
+            __m128i h = _mm_loadu_si128((const __m128i *)(srow[r] + 2 * (size_t)j0));
+            v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
         } else {
             __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(srow[r] + j0)));
             v = _mm256_slli_epi32(e, 23);
