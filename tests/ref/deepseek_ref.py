@@ -58,15 +58,7 @@ TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 LATENT_NORM_EPS = 1e-6
 
 
-def read_config(model_dir):
-    """(text config dict, tensor prefix). A config with text_config is a
-    multimodal wrapper whose text tensors carry the language_model. prefix."""
-    path = os.path.join(model_dir, "config.json")
-    with open(path) as f:
-        raw = json.load(f)
-    if isinstance(raw.get("text_config"), dict):
-        return raw["text_config"], "language_model."
-    return raw, ""
+read_config = st.read_text_config  # (text config, tensor prefix)
 
 
 def is_linear(name):

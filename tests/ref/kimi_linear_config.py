@@ -9,21 +9,16 @@ may be there unread (skipped_kind), and which are Linear weights (is_linear).
 Written from ../shared/notes/ARCHITECTURES.md sections 1.2, 1.3, 4 and 8, never
 from the C engine.
 """
-import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_np as st  # noqa: E402
 
 ACTS = ("silu", "situ")
 
 
-def read_config(model_dir):
-    """(text config dict, tensor prefix). A config with text_config (Kimi K3's
-    wrapper) has its text tensors under language_model."""
-    path = os.path.join(model_dir, "config.json")
-    with open(path) as f:
-        raw = json.load(f)
-    if isinstance(raw.get("text_config"), dict):
-        return raw["text_config"], "language_model."
-    return raw, ""
+read_config = st.read_text_config  # (text config, tensor prefix)
 
 
 def is_family(model_dir):

@@ -4,7 +4,7 @@ Owns: the file format (8-byte little-endian header length N, N bytes of JSON
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
 then the data block the offsets index), BF16 <-> F32 conversion, and the
 Hugging Face checkpoint directory layout (one model.safetensors, or shards named
-by model.safetensors.index.json).
+by model.safetensors.index.json; a wrapper's text config and tensor prefix).
 
 Written from the format description, not from the safetensors library, so the
 engine's loader is checked against an independent implementation. The writer
@@ -316,6 +316,18 @@ class SafeTensorsWriter:
             raise ValueError(f"{self.path}: closed after {self._i} of {len(self.order)} tensors")
         self._f.truncate()  # a trailing hole still counts in the file's size
         self._f.close()
+
+
+def read_text_config(model_dir):
+    """(text config dict, tensor prefix) of a checkpoint directory's config.json.
+    A config with text_config is a multimodal wrapper (Kimi K2.5, Kimi K3) whose
+    text tensors carry the language_model. prefix."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        raw = json.load(f)
+    if isinstance(raw.get("text_config"), dict):
+        return raw["text_config"], "language_model."
+    return raw, ""
 
 
 def save_file(path, tensors, dtypes=None, metadata=None):
