@@ -34,9 +34,10 @@
  * accumulators in memory), with the software prefetch of matmul_avx2.c; T > 1
  * a 2-row x 2-token tile (8 accumulators and the rows' tables within the 16
  * registers). The one-token 4-bit tile of 32-value groups is a function of its
- * own (qtile4_t1_*) that steps through a whole group without a loop: inlined
- * with the rest it kept accumulators in memory, and the two together took
- * INT4 from 0.26 to 0.35 of the bandwidth (docs/benchmarks.md).
+ * own (qtile4_t1_*) that steps through a whole group without a loop (inlined
+ * with the rest, GCC reloaded rows' scales from the stack in every step); the
+ * two together took INT4 from 0.26 to 0.35 of the bandwidth
+ * (docs/benchmarks.md).
  */
 #include "kernels/scaled.h"
 
@@ -403,7 +404,8 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
 }
 
 /* The one-token 4-bit tile of 32-value groups, compiled on its own: inlined
- * into qrows with the other tiles, GCC kept 3 of its 6 accumulators in memory. */
+ * into qrows with the other tiles, GCC reloaded rows' scales from the stack
+ * in every step of 16 values. */
 #define QTILE4_T1(name, EL)                                                                                        \
     static __attribute__((noinline)) void name(float *y, const float *x, const uint8_t *w, size_t rs,               \
                                                const uint8_t *const *srow, int K, int pf,                          \
