@@ -43,6 +43,18 @@ static inline float df_scale_at(const uint8_t *srow, df_scale_type t, int j) {
     return f;
 }
 
+/* The one-token tile of a SIMD path's 4-bit formats for 32-value groups, as a
+ * function of its own: NAME(y, x, w, rs, srow, K, pf, spf) calls that file's
+ * qtile4 with the group size and the rows (RN) as constants. Inlined into its
+ * qrows with the other tiles, the AVX2 one reloaded rows' scales from the
+ * stack in every step of 16 values (docs/benchmarks.md, "AVX2 E2M1"). */
+#define DF_QTILE4_T1(NAME, EL, RN)                                                                           \
+    static __attribute__((noinline)) void NAME(float *y, const float *x, const uint8_t *w, size_t rs,        \
+                                               const uint8_t *const *srow, int K, int pf,                   \
+                                               const uint8_t *const *spf) {                                 \
+        qtile4(y, 1, x, 0, w, rs, srow, K, 32, 32, EL, RN, 1, pf, spf);                                    \
+    }
+
 /* The portable definition: w for elements [k0, k0 + 16) of a row (values at
  * row, scales at srow), +0 past the row's end. */
 void df_qdecode16_c(float w[16], const df_wview *v, const uint8_t *row, const uint8_t *srow, int k0);

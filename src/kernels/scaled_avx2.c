@@ -403,17 +403,9 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
                                              _mm256_shuffle_ps(acc[r][t][0], acc[r][t][1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* The one-token 4-bit tile of 32-value groups, compiled on its own: inlined
- * into qrows with the other tiles, GCC reloaded rows' scales from the stack
- * in every step of 16 values. */
-#define QTILE4_T1(name, EL)                                                                                        \
-    static __attribute__((noinline)) void name(float *y, const float *x, const uint8_t *w, size_t rs,               \
-                                               const uint8_t *const *srow, int K, int pf,                          \
-                                               const uint8_t *const *spf) {                                        \
-        qtile4(y, 1, x, 0, w, rs, srow, K, 32, 32, EL, QG4, 1, pf, spf);                                         \
-    }
-QTILE4_T1(qtile4_t1_i4, I4)
-QTILE4_T1(qtile4_t1_e2m1, E2M1)
+/* The one-token 4-bit tiles of 32-value groups (scaled.h) */
+DF_QTILE4_T1(qtile4_t1_i4, I4, QG4)
+DF_QTILE4_T1(qtile4_t1_e2m1, E2M1, QG4)
 
 /* FP8 here; the 4-bit formats in qtile4 (spf: see there) */
 INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
