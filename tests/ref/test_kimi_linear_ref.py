@@ -29,11 +29,10 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import check_model  # noqa: E402
-import gen_checkpoint  # noqa: E402
 import kimi_linear_ref as K  # noqa: E402
 import quant_np  # noqa: E402
 import reftest  # noqa: E402
-from reftest import rel_err, test, tmp, toks  # noqa: E402
+from reftest import gen, rel_err, test, tmp, toks  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
 TOL = check_model.KIMI_TOL
@@ -187,12 +186,10 @@ def attn_res_block_bookkeeping():
     the stack of section 4.3 gives, for B = 2 and 3 layers: layer 1's attention sees
     mean(e, a0+f0), layer 2's sees mean(e, a0+f0+a1+f1), and the output is
     mean(e, a0+f0+a1+f1, a2+f2)."""
-    d = tmp("attnres3")
-    gen_checkpoint.generate(gen_checkpoint.parse_args(
-        ["--arch", "kimi_linear", "--layers", "3", "--hidden", "32", "--intermediate", "64",
-         "--kda-layers", "1,3", "--kv-lora-rank", "16", "--qk-nope-dim", "8", "--qk-rope-dim", "8",
-         "--v-head-dim", "8", "--experts", "4", "--top-k", "2", "--moe-intermediate", "32",
-         "--attn-res-block", "2", "--out", d, "--no-tokenizer"]))
+    d = gen("attnres3", "--arch", "kimi_linear", "--layers", "3", "--hidden", "32", "--intermediate", "64",
+            "--kda-layers", "1,3", "--kv-lora-rank", "16", "--qk-nope-dim", "8", "--qk-rope-dim", "8",
+            "--v-head-dim", "8", "--experts", "4", "--top-k", "2", "--moe-intermediate", "32",
+            "--attn-res-block", "2")
     m = K.KimiLinearRef(d)
     H = m.cfg.hidden
     for n in list(m.shapes):

@@ -35,7 +35,6 @@ from reftest import gen, rel_err, test, tmp  # noqa: E402
 import safetensors_np as st  # noqa: E402
 
 
-
 DENSE = ["--arch", "qwen3", "--seed", "3", "--vocab", "256", "--hidden", "32", "--intermediate", "64",
          "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
 MOE = ["--arch", "qwen3_moe", "--seed", "4", "--vocab", "256", "--hidden", "32", "--intermediate", "64",
