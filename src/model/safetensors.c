@@ -53,6 +53,72 @@ static int span_cmp(const void *a, const void *b) {
     return x->idx < y->idx ? -1 : x->idx > y->idx; /* header order: deterministic */
 }
 
+/* shape: an array of at most DF_MAX_DIMS non-negative integers whose element
+ * and byte counts fit 64 bits (t->dtype is set). */
+static int parse_shape(const char *what, const char *name, json_t *js, df_tensor *t, df_error *err) {
+    if (!json_is_array(js))
+        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': shape is not an array", what,
+                       name);
+    size_t nd = json_array_size(js);
+    if (nd > DF_MAX_DIMS)
+        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': shape has %zu dimensions (max %d)",
+                       what, name, nd, DF_MAX_DIMS);
+    t->ndim = (int)nd;
+    uint64_t elems = 1;
+    for (size_t d = 0; d < nd; d++) {
+        json_t *e = json_array_get(js, d);
+        if (!json_is_integer(e))
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: tensor '" NM "': shape[%zu] is not an integer", what, name, d);
+        json_int_t dim = json_integer_value(e);
+        if (dim < 0)
+            return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': shape[%zu] is negative (%lld)",
+                           what, name, d, (long long)dim);
+        t->shape[d] = (int64_t)dim;
+        if (__builtin_mul_overflow(elems, (uint64_t)dim, &elems))
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: tensor '" NM "': element count of the shape overflows", what, name);
+    }
+    if (__builtin_mul_overflow(elems, (uint64_t)df_dtype_size(t->dtype), &t->nbytes))
+        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': byte size of the shape overflows",
+                       what, name);
+    return DF_OK;
+}
+
+/* data_offsets: [begin, end] inside the data region, spanning exactly the
+ * shape's t->nbytes. */
+static int parse_offsets(const char *what, const char *name, json_t *jo, uint64_t data_len,
+                         const df_tensor *t, st_span *sp, df_error *err) {
+    if (!json_is_array(jo) || json_array_size(jo) != 2 ||
+        !json_is_integer(json_array_get(jo, 0)) || !json_is_integer(json_array_get(jo, 1)))
+        return df_fail(err, DF_ERR_FORMAT,
+                       "%s: tensor '" NM "': data_offsets is not an array of two integers", what,
+                       name);
+    json_int_t b = json_integer_value(json_array_get(jo, 0));
+    json_int_t e = json_integer_value(json_array_get(jo, 1));
+    if (b < 0 || e < 0)
+        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': negative data_offsets [%lld, %lld]",
+                       what, name, (long long)b, (long long)e);
+    if (e < b)
+        return df_fail(err, DF_ERR_FORMAT,
+                       "%s: tensor '" NM "': data_offsets end %lld is before begin %lld", what, name,
+                       (long long)e, (long long)b);
+    if ((uint64_t)e > data_len)
+        return df_fail(err, DF_ERR_FORMAT,
+                       "%s: tensor '" NM "': data_offsets end %lld is past the end of the data "
+                       "(%llu bytes; file truncated?)",
+                       what, name, (long long)e, (unsigned long long)data_len);
+    if ((uint64_t)(e - b) != t->nbytes)
+        return df_fail(err, DF_ERR_FORMAT,
+                       "%s: tensor '" NM "': data_offsets span %lld bytes but %s shape needs %llu",
+                       what, name, (long long)(e - b), df_dtype_name(t->dtype),
+                       (unsigned long long)t->nbytes);
+    sp->begin = (uint64_t)b;
+    sp->end = (uint64_t)e;
+    return DF_OK;
+}
+
+/* One tensor's entry: exactly the keys dtype, shape and data_offsets. */
 static int parse_entry(const char *what, const char *name, json_t *v, uint64_t data_len,
                        df_tensor *t, st_span *sp, df_error *err) {
     if (!json_is_object(v))
@@ -83,63 +149,8 @@ static int parse_entry(const char *what, const char *name, json_t *v, uint64_t d
         return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': unknown dtype '%.40s'", what,
                        name, json_string_value(jd));
     t->dtype = (df_dtype)dt;
-
-    if (!json_is_array(js))
-        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': shape is not an array", what,
-                       name);
-    size_t nd = json_array_size(js);
-    if (nd > DF_MAX_DIMS)
-        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': shape has %zu dimensions (max %d)",
-                       what, name, nd, DF_MAX_DIMS);
-    t->ndim = (int)nd;
-    uint64_t elems = 1;
-    for (size_t d = 0; d < nd; d++) {
-        json_t *e = json_array_get(js, d);
-        if (!json_is_integer(e))
-            return df_fail(err, DF_ERR_FORMAT,
-                           "%s: tensor '" NM "': shape[%zu] is not an integer", what, name, d);
-        json_int_t dim = json_integer_value(e);
-        if (dim < 0)
-            return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': shape[%zu] is negative (%lld)",
-                           what, name, d, (long long)dim);
-        t->shape[d] = (int64_t)dim;
-        if (__builtin_mul_overflow(elems, (uint64_t)dim, &elems))
-            return df_fail(err, DF_ERR_FORMAT,
-                           "%s: tensor '" NM "': element count of the shape overflows", what, name);
-    }
-    uint64_t nbytes;
-    if (__builtin_mul_overflow(elems, (uint64_t)df_dtype_size(t->dtype), &nbytes))
-        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': byte size of the shape overflows",
-                       what, name);
-    t->nbytes = nbytes;
-
-    if (!json_is_array(jo) || json_array_size(jo) != 2 ||
-        !json_is_integer(json_array_get(jo, 0)) || !json_is_integer(json_array_get(jo, 1)))
-        return df_fail(err, DF_ERR_FORMAT,
-                       "%s: tensor '" NM "': data_offsets is not an array of two integers", what,
-                       name);
-    json_int_t b = json_integer_value(json_array_get(jo, 0));
-    json_int_t e = json_integer_value(json_array_get(jo, 1));
-    if (b < 0 || e < 0)
-        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '" NM "': negative data_offsets [%lld, %lld]",
-                       what, name, (long long)b, (long long)e);
-    if (e < b)
-        return df_fail(err, DF_ERR_FORMAT,
-                       "%s: tensor '" NM "': data_offsets end %lld is before begin %lld", what, name,
-                       (long long)e, (long long)b);
-    if ((uint64_t)e > data_len)
-        return df_fail(err, DF_ERR_FORMAT,
-                       "%s: tensor '" NM "': data_offsets end %lld is past the end of the data "
-                       "(%llu bytes; file truncated?)",
-                       what, name, (long long)e, (unsigned long long)data_len);
-    if ((uint64_t)(e - b) != nbytes)
-        return df_fail(err, DF_ERR_FORMAT,
-                       "%s: tensor '" NM "': data_offsets span %lld bytes but %s shape needs %llu",
-                       what, name, (long long)(e - b), df_dtype_name(t->dtype),
-                       (unsigned long long)nbytes);
-    sp->begin = (uint64_t)b;
-    sp->end = (uint64_t)e;
-    return DF_OK;
+    int rc = parse_shape(what, name, js, t, err);
+    return rc ? rc : parse_offsets(what, name, jo, data_len, t, sp, err);
 }
 
 static int check_metadata(const char *what, json_t *v, df_error *err) {
@@ -155,13 +166,10 @@ static int check_metadata(const char *what, json_t *v, df_error *err) {
     return DF_OK;
 }
 
-int df_st_parse(const uint8_t *file_data, size_t file_len, const char *what,
-                df_tensor **tensors, size_t *n, df_error *err) {
-    if (!what) what = "safetensors";
-    if (!tensors || !n || (!file_data && file_len))
-        return df_fail(err, DF_ERR_ARG, "%s: df_st_parse: bad arguments", what);
-    *tensors = NULL;
-    *n = 0;
+/* The 8-byte length and the JSON object it covers; *data_start: the data
+ * region's offset in the file. */
+static int read_header(const uint8_t *file_data, size_t file_len, const char *what, json_t **root,
+                       uint64_t *data_start, df_error *err) {
     if (file_len < 8)
         return df_fail(err, DF_ERR_FORMAT,
                        "%s: file is %zu bytes, too short for a safetensors header", what,
@@ -174,66 +182,83 @@ int df_st_parse(const uint8_t *file_data, size_t file_len, const char *what,
         return df_fail(err, DF_ERR_FORMAT,
                        "%s: header length %llu exceeds the file size (%zu bytes; file truncated?)",
                        what, (unsigned long long)hlen, file_len);
-    uint64_t data_start = 8 + hlen;
-    uint64_t data_len = (uint64_t)file_len - data_start;
-
+    *data_start = 8 + hlen;
     json_error_t je;
-    json_t *root = json_loadb((const char *)file_data + 8, (size_t)hlen,
-                              JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!root)
+    *root = json_loadb((const char *)file_data + 8, (size_t)hlen,
+                       JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    if (!*root)
         return df_fail(err, DF_ERR_FORMAT, "%s: header is not valid JSON: %s (line %d, column %d)",
                        what, je.text, je.line, je.column);
-    if (!json_is_object(root)) {
-        json_decref(root);
+    if (!json_is_object(*root)) {
+        json_decref(*root);
+        *root = NULL;
         return df_fail(err, DF_ERR_FORMAT, "%s: header is not a JSON object", what);
     }
+    return DF_OK;
+}
 
-    size_t cap = json_object_size(root);
-    df_tensor *t = df_xcalloc(cap ? cap : 1, sizeof *t);
-    st_span *sp = df_xcalloc(cap ? cap : 1, sizeof *sp);
-    size_t cnt = 0;
-    int rc = DF_OK;
+/* Every entry of the header but __metadata__, into t and sp (header order);
+ * *cnt: how many were filled, also on failure (their names are owned). */
+static int parse_entries(json_t *root, const char *what, uint64_t data_len, df_tensor *t,
+                         st_span *sp, size_t *cnt, df_error *err) {
     const char *key;
     json_t *val;
     json_object_foreach(root, key, val) {
         if (strcmp(key, "__metadata__") == 0) {
-            rc = check_metadata(what, val, err);
-            if (rc) break;
+            int rc = check_metadata(what, val, err);
+            if (rc) return rc;
             continue;
         }
-        df_tensor *ti = &t[cnt];
-        rc = parse_entry(what, key, val, data_len, ti, &sp[cnt], err);
-        if (rc) break;
-        ti->name = df_xstrdup(key);
-        sp[cnt].idx = cnt;
-        cnt++;
+        int rc = parse_entry(what, key, val, data_len, &t[*cnt], &sp[*cnt], err);
+        if (rc) return rc;
+        t[*cnt].name = df_xstrdup(key);
+        sp[*cnt].idx = *cnt;
+        (*cnt)++;
     }
-    json_decref(root);
-    if (rc) {
-        df_st_free_tensors(t, cnt);
-        free(sp);
-        return rc;
-    }
+    return DF_OK;
+}
 
-    /* Sorted by offset, each non-empty tensor must start at or after the furthest
-     * end seen so far; empty tensors occupy nothing and cannot overlap. */
+/* Sorts sp by offset and proves the tensors disjoint: each non-empty one must
+ * start at or after the furthest end seen so far; empty tensors occupy
+ * nothing and cannot overlap. */
+static int check_overlaps(const char *what, const df_tensor *t, st_span *sp, size_t cnt,
+                          df_error *err) {
     qsort(sp, cnt, sizeof *sp, span_cmp);
     uint64_t max_end = 0;
     size_t max_idx = (size_t)-1;
     for (size_t i = 0; i < cnt; i++) {
         if (sp[i].begin == sp[i].end) continue;
-        if (max_idx != (size_t)-1 && sp[i].begin < max_end) {
-            rc = df_fail(err, DF_ERR_FORMAT,
-                         "%s: tensor '" NM "': data [%llu, %llu) overlaps tensor '" NM
-                         "' [.., %llu)",
-                         what, t[sp[i].idx].name, (unsigned long long)sp[i].begin,
-                         (unsigned long long)sp[i].end, t[max_idx].name,
-                         (unsigned long long)max_end);
-            break;
-        }
+        if (max_idx != (size_t)-1 && sp[i].begin < max_end)
+            return df_fail(err, DF_ERR_FORMAT,
+                           "%s: tensor '" NM "': data [%llu, %llu) overlaps tensor '" NM
+                           "' [.., %llu)",
+                           what, t[sp[i].idx].name, (unsigned long long)sp[i].begin,
+                           (unsigned long long)sp[i].end, t[max_idx].name,
+                           (unsigned long long)max_end);
         max_end = sp[i].end;
         max_idx = sp[i].idx;
     }
+    return DF_OK;
+}
+
+int df_st_parse(const uint8_t *file_data, size_t file_len, const char *what,
+                df_tensor **tensors, size_t *n, df_error *err) {
+    if (!what) what = "safetensors";
+    if (!tensors || !n || (!file_data && file_len))
+        return df_fail(err, DF_ERR_ARG, "%s: df_st_parse: bad arguments", what);
+    *tensors = NULL;
+    *n = 0;
+    json_t *root;
+    uint64_t data_start;
+    int rc = read_header(file_data, file_len, what, &root, &data_start, err);
+    if (rc) return rc;
+
+    size_t cap = json_object_size(root), cnt = 0;
+    df_tensor *t = df_xcalloc(cap ? cap : 1, sizeof *t);
+    st_span *sp = df_xcalloc(cap ? cap : 1, sizeof *sp);
+    rc = parse_entries(root, what, (uint64_t)file_len - data_start, t, sp, &cnt, err);
+    json_decref(root);
+    if (!rc) rc = check_overlaps(what, t, sp, cnt, err);
     if (rc) {
         df_st_free_tensors(t, cnt);
         free(sp);
