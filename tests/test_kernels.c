@@ -90,36 +90,12 @@ static void matmul_isa(df_isa isa, df_pool *pool, float *y, int ldy, const float
     mm(pool, y, ldy, x, ldx, w, dt, T, N, K);
 }
 
-/* One shape: checks (a) paths, (b) T vs row by row, (c) threads, (d) accuracy,
- * and that padding of x and y is neither used nor touched. */
-static void check_shape(df_dtype dt, int T, int N, int K, df_pool **pools, int nan_any,
-                        const void *w_in, const float *x_in) {
-    int ldx = K + 5, ldy = N + 3;
+/* (a)-(c): every ISA path, whole batch, T = 1 rows, split rows and thread
+ * counts, against the C path's ref. */
+static void check_paths(df_dtype dt, int T, int N, int K, int ldx, int ldy, const void *w,
+                        const float *x, const float *ref, df_pool **pools, int nan_any) {
     size_t ny = (size_t)T * ldy;
-    float *wf = df_xmalloc(((size_t)N * K + 1) * 4);
-    void *w;
-    if (w_in) {
-        w = (void *)w_in;
-        df_to_f32(wf, w, dt, (size_t)N * K);
-    } else {
-        w = make_w(dt, (size_t)N * K, wf);
-    }
-    float *x = df_xmalloc(((size_t)T * ldx + 1) * 4);
-    for (size_t i = 0; i < (size_t)T * ldx; i++) x[i] = poison();
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++)
-            x[(size_t)t * ldx + k] = x_in ? x_in[(size_t)t * K + k] : rndf();
-
-    float *ref = df_xmalloc(ny * 4), *y = df_xmalloc(ny * 4);
-    for (size_t i = 0; i < ny; i++) ref[i] = poison();
-    matmul_isa(DF_ISA_C, NULL, ref, ldy, x, ldx, w, dt, T, N, K);
-    for (int t = 0; t < T; t++)
-        for (int n = N; n < ldy; n++) {
-            uint32_t u;
-            memcpy(&u, &ref[(size_t)t * ldy + n], 4);
-            assert_int_equal(u, 0x7fa5a5a5u); /* y padding untouched */
-        }
-
+    float *y = df_xmalloc(ny * 4);
     for (int isa = 0; isa < n_isas(); isa++) {
         /* (a) whole batch on this path == C path */
         memcpy(y, ref, ny * 4);
@@ -164,30 +140,65 @@ static void check_shape(df_dtype dt, int T, int N, int K, df_pool **pools, int n
         }
     }
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
+    free(y);
+}
 
-    /* (d) accuracy against a double-precision reference (finite data only) */
-    if (!nan_any) {
-        double gamma = ((K + 15) / 16 + 4) * ldexp(1.0, -24) * 1.01;
-        for (int t = 0; t < T; t++)
-            for (int n = 0; n < N; n++) {
-                double s = 0, sa = 0;
-                for (int k = 0; k < K; k++) {
-                    double p = (double)wf[(size_t)n * K + k] * x[(size_t)t * ldx + k];
-                    s += p;
-                    sa += fabs(p);
-                }
-                double e = fabs((double)ref[(size_t)t * ldy + n] - s);
-                if (e > gamma * sa + 1e-37)
-                    fail_msg("%s T=%d N=%d K=%d: y[%d][%d]=%.9g, exact %.9g (err %g > %g)",
-                             df_dtype_name(dt), T, N, K, t, n, ref[(size_t)t * ldy + n], s, e,
-                             gamma * sa);
+/* (d) accuracy of ref against a double-precision reference (finite data only) */
+static void check_accuracy(df_dtype dt, int T, int N, int K, int ldx, int ldy, const float *wf,
+                           const float *x, const float *ref) {
+    double gamma = ((K + 15) / 16 + 4) * ldexp(1.0, -24) * 1.01;
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, sa = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)wf[(size_t)n * K + k] * x[(size_t)t * ldx + k];
+                s += p;
+                sa += fabs(p);
             }
+            double e = fabs((double)ref[(size_t)t * ldy + n] - s);
+            if (e > gamma * sa + 1e-37)
+                fail_msg("%s T=%d N=%d K=%d: y[%d][%d]=%.9g, exact %.9g (err %g > %g)",
+                         df_dtype_name(dt), T, N, K, t, n, ref[(size_t)t * ldy + n], s, e,
+                         gamma * sa);
+        }
+}
+
+/* One shape: checks (a) paths, (b) T vs row by row, (c) threads, (d) accuracy,
+ * and that padding of x and y is neither used nor touched. */
+static void check_shape(df_dtype dt, int T, int N, int K, df_pool **pools, int nan_any,
+                        const void *w_in, const float *x_in) {
+    int ldx = K + 5, ldy = N + 3;
+    size_t ny = (size_t)T * ldy;
+    float *wf = df_xmalloc(((size_t)N * K + 1) * 4);
+    void *w;
+    if (w_in) {
+        w = (void *)w_in;
+        df_to_f32(wf, w, dt, (size_t)N * K);
+    } else {
+        w = make_w(dt, (size_t)N * K, wf);
     }
+    float *x = df_xmalloc(((size_t)T * ldx + 1) * 4);
+    for (size_t i = 0; i < (size_t)T * ldx; i++) x[i] = poison();
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++)
+            x[(size_t)t * ldx + k] = x_in ? x_in[(size_t)t * K + k] : rndf();
+
+    float *ref = df_xmalloc(ny * 4);
+    for (size_t i = 0; i < ny; i++) ref[i] = poison();
+    matmul_isa(DF_ISA_C, NULL, ref, ldy, x, ldx, w, dt, T, N, K);
+    for (int t = 0; t < T; t++)
+        for (int n = N; n < ldy; n++) {
+            uint32_t u;
+            memcpy(&u, &ref[(size_t)t * ldy + n], 4);
+            assert_int_equal(u, 0x7fa5a5a5u); /* y padding untouched */
+        }
+
+    check_paths(dt, T, N, K, ldx, ldy, w, x, ref, pools, nan_any);
+    if (!nan_any) check_accuracy(dt, T, N, K, ldx, ldy, wf, x, ref);
     if (!w_in) free(w);
     free(wf);
     free(x);
     free(ref);
-    free(y);
 }
 
 static df_pool *g_pools[3];
