@@ -1,7 +1,7 @@
 /*
  * tiktoken.c - the tiktoken.model tokenizer format (Kimi K2, Moonlight, Meta's
  * original Llama 3 files) loaded into the same tables tokenizer.json fills, so
- * that one encoder (tokenizer.c) serves both.
+ * that one encoder (encode.c) serves both.
  *
  * Owns: parsing "base64(token bytes) rank" lines, turning ranks into the merge
  * table, the specials from tokenizer_config.json's added_tokens_decoder (and the
@@ -224,8 +224,8 @@ static void build_merges(df_tokenizer *t, int32_t n_base) {
             const char *s = t->arena + t->dec_off[id];
             uint32_t len = t->dec_len[id];
             for (uint32_t k = 1; k < len; k++) {
-                int32_t a = df_tok_vmap_get(t, s, k);
-                int32_t b = a < 0 ? -1 : df_tok_vmap_get(t, s + k, len - k);
+                int32_t a = vmap_get(t, s, k);
+                int32_t b = a < 0 ? -1 : vmap_get(t, s + k, len - k);
                 if (b < 0) continue;
                 if (pass == 0) n++;
                 else df_tok_merge_put(t, a, b, (uint32_t)id, id);

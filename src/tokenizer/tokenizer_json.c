@@ -397,9 +397,9 @@ static int load_merges(df_tokenizer *t, json_t *merges, df_error *err) {
         }
         long na = df_tok_bl_to_raw(t, a, al, buf);
         long nb = na < 0 ? -1 : df_tok_bl_to_raw(t, b, bl, buf + na);
-        int32_t ia = na > 0 ? df_tok_vmap_get(t, buf, (size_t)na) : -1;
-        int32_t ib = nb > 0 ? df_tok_vmap_get(t, buf + na, (size_t)nb) : -1;
-        int32_t im = ia >= 0 && ib >= 0 ? df_tok_vmap_get(t, buf, (size_t)(na + nb)) : -1;
+        int32_t ia = na > 0 ? vmap_get(t, buf, (size_t)na) : -1;
+        int32_t ib = nb > 0 ? vmap_get(t, buf + na, (size_t)nb) : -1;
+        int32_t im = ia >= 0 && ib >= 0 ? vmap_get(t, buf, (size_t)(na + nb)) : -1;
         if (ia < 0 || ib < 0 || im < 0) {
             free(buf);
             const char *which = ia < 0 ? a : ib < 0 ? b : "(their concatenation)";
