@@ -13,8 +13,14 @@
  *    comparison, F8_E4M3/F32[128x128], I4/BF16[1x32], E2M1/E8M0[1x32]) on a
  *    [2048 x 7168] matrix, cycling over copies that fill the --mem-mib
  *    buffer: packed GB/s (values + scales per second) as a fraction of the
- *    read bandwidth measured between the rounds. --tokens 1,2,8 picks the
- *    batch sizes (default 1); the C path only with --isa c.
+ *    read bandwidth measured between the rounds; `cached`: the same product
+ *    on the first rows only, which stay in the caches (about 1 MiB per
+ *    thread), timed in each round too, and c/membw, that speed over the read
+ *    bandwidth: below 1
+ *    the decoding alone cannot keep up with memory (compute-bound), above 1
+ *    a shortfall of of_membw is in overlapping the reads with the work.
+ *    --tokens 1,2,8 picks the batch sizes (default 1); the C path only with
+ *    --isa c.
  *
  * Build: make B=build build/bench_kernels   (also part of `make bench`)
  * Run:   build/bench_kernels [--threads N] [--mem-mib M] [--isa c|avx2|avx512]
@@ -130,35 +136,64 @@ static double pool_call_us(df_pool *pool, int n) {
 /* ---- matmul ----------------------------------------------------------------- */
 
 struct mm_res {
-    double ms_call, gbs, us_tok, membw;
+    double ms_call, gbs, us_tok, membw, cached_gbs;
 };
+
+/* Mean time per call of df_matmul on view v, calls repeated until `budget`
+ * seconds pass; with nv > 1 cycling over the views v[0..nv) (all alike). */
+static double time_calls(df_pool *pool, const df_wview *v, int nv, int *ci, int T, float *x, float *y,
+                         double budget) {
+    int calls = 0, N = v[0].rows, K = v[0].cols;
+    double t0 = df_now(), t1;
+    do {
+        df_matmul(pool, y, N, x, K, &v[*ci], T);
+        *ci = (*ci + 1) % nv;
+        calls++;
+        t1 = df_now();
+    } while (t1 - t0 < budget);
+    return (t1 - t0) / calls;
+}
 
 /* Median time per call of df_matmul cycling over the views (all [rows][cols]
  * alike) until `budget` seconds pass, over `reps` such rounds; `packed` bytes
  * per view. A memory-bandwidth pass over rdmib MiB of rdbuf runs before each
  * round, so each row's fraction of bandwidth compares numbers taken at the same
- * time: this machine is shared and its bandwidth drifts. */
+ * time: this machine is shared and its bandwidth drifts. With cached, each
+ * round also times the product on that view alone, which stays in the caches
+ * (res.cached_gbs, packed GB/s; cpacked: its bytes). */
 static struct mm_res bench_views(df_pool *pool, const df_wview *v, int nv, uint64_t packed, int T, float *x,
-                                 float *y, const uint64_t *rdbuf, size_t rdmib, double budget, int reps) {
-    double t[16], bwv[16];
-    int ci = 0;
-    int N = v[0].rows, K = v[0].cols;
-    df_matmul(pool, y, N, x, K, &v[0], T); /* warm-up */
+                                 float *y, const uint64_t *rdbuf, size_t rdmib, double budget, int reps,
+                                 const df_wview *cached, uint64_t cpacked) {
+    double t[16], bwv[16], tc[16];
+    int ci = 0, c0 = 0;
+    df_matmul(pool, y, v[0].rows, x, v[0].cols, &v[0], T); /* warm-up */
     for (int r = 0; r < reps; r++) {
         bwv[r] = mem_read_once(pool, rdbuf, rdmib);
-        int calls = 0;
-        double t0 = df_now(), t1;
-        do {
-            df_matmul(pool, y, N, x, K, &v[ci], T);
-            ci = (ci + 1) % nv;
-            calls++;
-            t1 = df_now();
-        } while (t1 - t0 < budget);
-        t[r] = (t1 - t0) / calls;
+        t[r] = time_calls(pool, v, nv, &ci, T, x, y, budget);
+        if (cached) {
+            df_matmul(pool, y, cached->rows, x, cached->cols, cached, T); /* into the caches */
+            tc[r] = time_calls(pool, cached, 1, &c0, T, x, y, budget / 2);
+        }
     }
     double s = median(t, reps);
-    struct mm_res res = {s * 1e3, (double)packed / s / 1e9, s / T * 1e6, median(bwv, reps)};
+    struct mm_res res = {s * 1e3, (double)packed / s / 1e9, s / T * 1e6, median(bwv, reps),
+                         cached ? (double)cpacked / median(tc, reps) / 1e9 : 0};
     return res;
+}
+
+/* The first rows of a format's view that stay in the caches: about 1 MiB of
+ * values and scales per thread (each thread's share fits its L2), a multiple
+ * of 128 rows; *cpacked: their bytes. Divided by the read bandwidth, the
+ * product's speed on them says whether the decoding alone could keep up with
+ * memory (>= 1) or makes the product compute-bound. */
+static df_wview cached_rows(const df_wview *v, int threads, uint64_t *cpacked) {
+    df_wview c = *v;
+    bool sc = c.fmt.scale != DF_SC_NONE;
+    size_t row = df_wfmt_row_bytes(c.fmt, c.cols) + (sc ? (size_t)df_wfmt_scale_bytes(c.fmt, 128, c.cols) / 128 : 0);
+    int rows = (int)(((size_t)threads << 20) / row) / 128 * 128;
+    c.rows = rows < 128 ? 128 : rows > v->rows ? v->rows : rows;
+    *cpacked = df_wfmt_bytes(c.fmt, c.rows, c.cols) + (sc ? df_wfmt_scale_bytes(c.fmt, c.rows, c.cols) : 0);
+    return c;
 }
 
 /* BF16 [N][K] weights: consecutive copies in `wbig`, cycled (bench_views;
@@ -171,7 +206,8 @@ static struct mm_res bench_mm(df_pool *pool, const uint8_t *wbig, size_t wbytes_
     df_wview *v = malloc(sizeof *v * copies);
     for (size_t i = 0; i < copies; i++) v[i] = df_wview_make(wbig + i * mbytes, DF_DT_BF16, N, K);
     size_t rdmib = wbytes_total >> 20 < 256 ? wbytes_total >> 20 : 256;
-    struct mm_res res = bench_views(pool, v, (int)copies, mbytes, T, x, y, (const uint64_t *)wbig, rdmib, budget, reps);
+    struct mm_res res = bench_views(pool, v, (int)copies, mbytes, T, x, y, (const uint64_t *)wbig, rdmib, budget, reps,
+                                    NULL, 0);
     free(v);
     return res;
 }
@@ -251,8 +287,8 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
     for (int i = 0; i < 64 * FM_K; i++) x[i] = (float)((int)(((int64_t)i * 7919) % 2001) - 1000) / 1000.0f;
     printf("\n# weight formats, [%d x %d] copies cycling over %zu MiB; GB/s = (values + scales) / time\n", FM_N,
            FM_K, mem_mib);
-    printf("%-7s %-22s %4s %3s %6s %10s %8s %8s %8s %10s\n", "isa", "format", "T", "thr", "copies", "ms/call",
-           "GB/s", "membw", "of_membw", "us/token");
+    printf("%-7s %-22s %4s %3s %6s %10s %8s %8s %8s %10s %8s %8s\n", "isa", "format", "T", "thr", "copies",
+           "ms/call", "GB/s", "membw", "of_membw", "us/token", "cached", "c/membw");
     for (int fi = 0; fi < 4; fi++) {
         uint64_t packed;
         /* the buffer doubles as the bandwidth pass's: refilled per format */
@@ -262,11 +298,14 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
             df_isa_set((df_isa)isa);
             for (int ti = 0; ti < nt; ti++) {
                 double budget = isa == DF_ISA_C ? 0.5 : 0.25;
+                uint64_t cpacked;
+                df_wview cv = cached_rows(&v[0], threads, &cpacked);
                 struct mm_res r = bench_views(pool, v, nv, packed, ts[ti], x, y, buf, mem_mib < 256 ? mem_mib : 256, budget,
-                                              isa == DF_ISA_C ? 3 : 7);
-                printf("%-7s %-22s %4d %3d %6d %10.3f %8.2f %8.2f %8.2f %10.1f\n", df_isa_name((df_isa)isa),
-                       df_wfmt_name(fmts[fi]), ts[ti], threads, nv, r.ms_call, r.gbs, r.membw, r.gbs / r.membw,
-                       r.us_tok);
+                                              isa == DF_ISA_C ? 3 : 7, &cv, cpacked);
+                double c = r.cached_gbs;
+                printf("%-7s %-22s %4d %3d %6d %10.3f %8.2f %8.2f %8.2f %10.1f %8.2f %8.2f\n",
+                       df_isa_name((df_isa)isa), df_wfmt_name(fmts[fi]), ts[ti], threads, nv, r.ms_call, r.gbs,
+                       r.membw, r.gbs / r.membw, r.us_tok, c, c / r.membw);
                 fflush(stdout);
             }
         }
