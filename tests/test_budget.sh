@@ -95,6 +95,27 @@ for src in pack safetensors; do
     done
 done
 
+# --expert-cache with --ram-budget: the cache must fit in what the budget
+# leaves (it once replaced the budget: the peak went past it unannounced), and
+# one that fits runs within the budget.
+out=$("$ENG" run --model "$M" --prompt-tokens "$PROMPT" --max-new 4 --experts "$T/pack" --ram-budget 160M \
+      --expert-cache 150M 2>&1)
+rc=$?
+if [ $rc -eq 2 ] && [[ "$out" == *"--expert-cache 150.0 MiB does not fit in --ram-budget 160.0 MiB"* ]]; then
+    ok "expert-cache-over-budget refused"
+else
+    bad "expert-cache-over-budget" "exit $rc: $out"
+fi
+got=$("$ENG" run --model "$M" --prompt-tokens "$PROMPT" --max-new 24 --temp 0 --print-ids --ctx 64 \
+      --experts "$T/pack" --ram-budget 160M --expert-cache 16M --events "$T/ev" 2>"$T/err")
+peak=$(summary_field peak_rss_bytes)
+if [ "$got" = "$want" ] && [ -n "$peak" ] && [ "$peak" -le $((160 * MIB)) ] &&
+   grep -q '"ram_budget":167772160' "$T/ev"; then
+    ok "expert-cache-within-budget peak $((peak / MIB)) MiB"
+else
+    bad "expert-cache-within-budget" "tokens '$got' vs '$want', peak ${peak:-?}, $(cat "$T/err")"
+fi
+
 # The DeepSeek-V3 family: a dense first layer (6 MiB) and eight shared experts
 # per MoE layer (30 MiB in all) among the always-active weights, and a latent
 # cache of 16 KiB per token and layer (kv_lora_rank 4096): 24 MiB at --ctx 256,

@@ -178,6 +178,15 @@ static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, ch
     df_mem_plan *p = &e->plan;
     plan_memory(e, o, false);
     if (o->expert_cache) {
+        /* with a budget too, the cache must fit in what the budget leaves */
+        uint64_t left = 0;
+        int rc = o->ram_budget ? budget_left(e, o, &left, err) : DF_OK;
+        if (rc) return rc;
+        if (o->ram_budget && o->expert_cache > left)
+            return df_fail(err, DF_ERR_ARG, "--expert-cache %.1f MiB does not fit in --ram-budget %.1f MiB: "
+                           "the weights kept in RAM, the tokenizer and the context leave %.1f MiB for it",
+                           (double)o->expert_cache / 1048576.0, (double)o->ram_budget / 1048576.0,
+                           (double)left / 1048576.0);
         *cache = o->expert_cache;
         e->cache_sizing = "--expert-cache";
         snprintf(what, n, "--expert-cache sets");
@@ -232,7 +241,7 @@ int df_engine_setup_streaming(df_engine *e, const df_engine_opts *o, const df_en
             dirs[n_dirs++] = tok;
         }
     }
-    uint64_t cache;
+    uint64_t cache = 0;
     char what[300];
     int rc = e->worker ? DF_OK : df_model_dense_to_ram(&e->model, err);
     if (!rc) rc = size_cache(e, o, &cache, what, sizeof what, err);
