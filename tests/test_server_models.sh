@@ -114,6 +114,21 @@ if [ -d tests/server/node_modules/openai ]; then
     kill -TERM "$SPID"; rc=0; wait "$SPID" || rc=$?; PIDS=("${PIDS[@]/$SPID}")
     [ $rc -eq 0 ] && ! grep -qE 'Sanitizer|runtime error' "$T/pc1.log" "$T/pc2.log" && ok pcache-shutdown \
         || bad pcache-shutdown "exit $rc: $(grep -hE -A12 'Sanitizer|runtime error' "$T/pc1.log" "$T/pc2.log" | head -30)"
+    # --prompt-cache-ram 0: no RAM tier, so the same prompt comes back from disk
+    start_server "$T/pc3.log" "$PORT7" --ctx 2048 --parallel 1 --prompt-cache "$T/pc" --prompt-cache-every 64 \
+        --prompt-cache-ram 0 || bad pcache-ram-0 "did not start"
+    pc_turn "Be terse." "Name a colour." >/dev/null
+    read0=$(pc_metric deltafin_prompt_cache_bytes_read_total)
+    e=$(pc_turn "$SYS" "Name a colour.")
+    if [ "$(pc_field "$e" cached)" = $((np - 1)) ] && [ "$(pc_field "$e" text)" = "$(pc_field "$a" text)" ] \
+       && [ "$(pc_metric deltafin_prompt_cache_ram_hits_total)" = 0 ] \
+       && [ "$(pc_metric deltafin_prompt_cache_ram_bytes)" = 0 ] \
+       && [ "$(pc_metric deltafin_prompt_cache_bytes_read_total)" -gt "$read0" ]; then
+        ok pcache-ram-0
+    else
+        bad pcache-ram-0 "$e: $(curl -s "$U7/metrics" | grep -E 'prompt_cache')"
+    fi
+    kill -TERM "$SPID"; wait "$SPID"; PIDS=("${PIDS[@]/$SPID}")
 else
     bad pcache-restart "tests/server/node_modules missing: run scripts/setup.sh"
 fi

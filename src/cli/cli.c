@@ -67,10 +67,17 @@ static int set_api_key(const cli_opt *o, void *dst, const char *v) {
     return cli_set_str(o, dst, v);
 }
 
+/* A size, or 0 (with or without a unit): no RAM tier. */
 static int set_pc_ram(const cli_opt *o, void *dst, const char *v) {
     uint64_t b;
     cli_opt lo = *o;
     lo.off = 0;
+    char *end;
+    double zero = strtod(v, &end);
+    if (end != v && (v[0] == '0' || v[0] == '.') && zero == 0 && strspn(end, "kKmMgGtTiBb") == strlen(end)) {
+        A(dst)->prompt_cache_ram = 0;
+        return 0;
+    }
     if (cli_set_size(&lo, &b, v)) return 1;
     A(dst)->prompt_cache_ram = (int64_t)(b > INT64_MAX ? INT64_MAX : b);
     return 0;
