@@ -262,6 +262,20 @@ if "$ENG" pack --model "$MOE" --out "$T/pack" >"$T/pack.out" 2>&1; then
 else
     bad spec-pack "$(tail -3 "$T/pack.out")"
 fi
+# a FIFO where an input file should be is refused as not a regular file, at
+# once (opening it used to wait for a writer for ever)
+copy_model; rm "$T/m/config.json"; mkfifo "$T/m/config.json"
+expect_error fifo-config "config.json: not a regular file" timeout 20 "$ENG" run --model "$T/m" --prompt-tokens 1
+copy_model; rm "$T/m/model.safetensors"; mkfifo "$T/m/model.safetensors"
+expect_error fifo-safetensors "model.safetensors: not a regular file" timeout 20 "$ENG" inspect --model "$T/m"
+if [ -f "$T/pack/experts.bin" ]; then
+    rm -rf "$T/fpack"; cp -r "$T/pack" "$T/fpack"; rm "$T/fpack/experts.bin"; mkfifo "$T/fpack/experts.bin"
+    expect_error fifo-pack "experts.bin is not a regular file" \
+        timeout 20 "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/fpack"
+fi
+mkfifo "$T/jobs.fifo"
+expect_error fifo-batch-input "^deltafin: --input: .*jobs.fifo: not a regular file" \
+    timeout 20 "$ENG" batch --model "$GOOD" --input "$T/jobs.fifo" --output "$T/res.jsonl"
 # an empty entry in a list of real pack directories is refused too, not skipped
 expect_error experts-empty-entry "--experts '$T/pack,': directory 2 of the list is empty" \
     "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/pack,"

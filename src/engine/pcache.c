@@ -362,7 +362,7 @@ bool df_pcache_head(df_pcache *pc, int q, const df_pc_key *key, df_pc_head *h) {
         return true;
     }
     char *path = seg_path(pc, q, key);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     uint8_t buf[DF_PC_HEADER];
     bool ok = false;
     if (fd >= 0) {
@@ -405,7 +405,7 @@ static const char *check_blob(const df_pcache *pc, df_pc_blob *b, int q, const d
  * cannot be mapped, read into memory. NULL when it is missing or cannot be
  * read. */
 static df_pc_blob *read_file(df_pcache *pc, const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return NULL; /* gone: evicted by another process */
     struct stat sb;
     df_pc_blob *b = NULL;

@@ -39,7 +39,7 @@ void df_pack_close(df_pack *p) {
 static int open_data_ro(const char *dir, uint64_t need, int *fd_out, bool *direct, df_error *err) {
     char *path = df_path_join(dir, DATA_NAME);
     const char *nd = getenv("DF_PACK_BUFFERED"); /* force the page cache (odd filesystems, tests) */
-    int fd = nd && *nd && strcmp(nd, "0") ? -1 : open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    int fd = nd && *nd && strcmp(nd, "0") ? -1 : open(path, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
     *direct = fd >= 0;
     if (fd >= 0 && need >= DF_PACK_ALIGN) {
         void *probe = aligned_alloc(DF_PACK_ALIGN, DF_PACK_ALIGN);
@@ -51,7 +51,7 @@ static int open_data_ro(const char *dir, uint64_t need, int *fd_out, bool *direc
         }
         free(probe);
     }
-    if (fd < 0) fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* df_fd_clear_nonblock */
     int e = errno;
     free(path);
     if (fd < 0) {
@@ -64,6 +64,7 @@ static int open_data_ro(const char *dir, uint64_t need, int *fd_out, bool *direc
         close(fd);
         return df_fail(err, DF_ERR_IO, "pack %s: " DATA_NAME " is not a regular file", dir);
     }
+    df_fd_clear_nonblock(fd); /* before io_uring reads it */
     if ((uint64_t)sb.st_size < need) {
         close(fd);
         return df_fail(err, DF_ERR_IO, "pack %s: " DATA_NAME " is %lld bytes but the manifest "

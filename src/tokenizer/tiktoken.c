@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define N_RESERVED 256
 
@@ -378,9 +379,7 @@ int df_tokenizer_load_tiktoken(df_tokenizer **out, const char *path, const char 
 }
 
 static bool exists(const char *p) {
-    FILE *f = fopen(p, "rb");
-    if (f) fclose(f);
-    return f != NULL;
+    return access(p, F_OK) == 0; /* opening a FIFO here would wait for a writer */
 }
 
 /* tokenizer_config.json's chat_template into *out (NULL if none): a string, or

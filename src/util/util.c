@@ -25,8 +25,13 @@ int df_fail(df_error *err, int code, const char *fmt, ...) {
     return code;
 }
 
+void df_fd_clear_nonblock(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0 && (fl & O_NONBLOCK)) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+}
+
 int df_read_file(const char *path, char **data, size_t *len, df_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* df_fd_clear_nonblock */
     if (fd < 0)
         return df_fail(err, DF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -34,6 +39,7 @@ int df_read_file(const char *path, char **data, size_t *len, df_error *err) {
         close(fd);
         return df_fail(err, DF_ERR_IO, "%s: not a regular file", path);
     }
+    df_fd_clear_nonblock(fd);
     size_t n = (size_t)st.st_size;
     char *buf = malloc(n + 1);
     if (!buf) {

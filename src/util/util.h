@@ -21,6 +21,11 @@ int df_fail(df_error *err, int code, const char *fmt, ...)
 
 /* Reads a whole file (NUL-terminated for convenience). *len excludes the NUL. */
 int df_read_file(const char *path, char **data, size_t *len, df_error *err);
+/* Input files are opened with O_NONBLOCK, so that a FIFO in their place is
+ * refused as not a regular file instead of waiting for a writer; once fstat
+ * has shown a regular file this clears the flag (io_uring would otherwise
+ * answer EAGAIN where a read has to wait for the disk). */
+void df_fd_clear_nonblock(int fd);
 
 /* Reads n bytes at off, retrying EINTR and short reads; returns the byte count
  * (less than n only at end of file) or -1 with errno set. */
