@@ -276,6 +276,11 @@ fi
 mkfifo "$T/jobs.fifo"
 expect_error fifo-batch-input "^deltafin: --input: .*jobs.fifo: not a regular file" \
     timeout 20 "$ENG" batch --model "$GOOD" --input "$T/jobs.fifo" --output "$T/res.jsonl"
+# output lost to a full disk is an error, not exit 0
+expect_error events-full "^deltafin: /dev/full: writing the events failed: No space left on device" \
+    "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 2 --events /dev/full
+expect_error stdout-full "^deltafin: writing to standard output failed" \
+    bash -c '"$0" run --model "$1" --prompt-tokens 1,2 --max-new 2 >/dev/full' "$ENG" "$GOOD"
 # an empty entry in a list of real pack directories is refused too, not skipped
 expect_error experts-empty-entry "--experts '$T/pack,': directory 2 of the list is empty" \
     "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/pack,"

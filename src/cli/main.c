@@ -9,6 +9,8 @@
  */
 #include "cli/cli.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char MAIN_HELP[] =
@@ -43,6 +45,13 @@ int main(int argc, char **argv) {
         return argc < 2 ? CLI_EXIT_BAD : 0;
     }
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].main(argc - 2, argv + 2);
+        if (!strcmp(argv[1], COMMANDS[i].name)) {
+            int rc = COMMANDS[i].main(argc - 2, argv + 2);
+            /* generated text or ids written to a full disk must not end in exit 0 */
+            errno = 0;
+            if (fflush(stdout) != 0 || ferror(stdout))
+                cli_die("writing to standard output failed%s%s", errno ? ": " : "", errno ? strerror(errno) : "");
+            return rc;
+        }
     cli_die("unknown command '%s' (see deltafin --help)", argv[1]);
 }

@@ -263,7 +263,12 @@ int cli_run(cli_args *a, const cli_dev *dev) {
                 gr.produced == 1 ? "" : "s");
     run_reports(a, dev, &rs, &gr, n, sp, io_dec);
     df_spec_free(sp);
-    if (ev) fclose(ev);
+    if (ev) {
+        errno = 0;
+        bool lost = ferror(ev);
+        if (fclose(ev) != 0 || lost)
+            cli_die("%s: writing the events failed: %s", a->events, strerror(errno ? errno : EIO));
+    }
     free(ids);
     df_sampler_free(smp);
     df_session_free(s);
