@@ -701,6 +701,26 @@ q_nan_expert mxfp4 "$MIX" $X.1.mlp.experts.2.up_proj.weight_scale 5 ff
 q_nan_expert int4 "$INT4" $X.2.mlp.experts.7.down_proj.weight_scale 3 7f80
 q_nan_expert fp8 "$FP8" $X.2.mlp.experts.15.up_proj.weight_scale_inv 1 ff800000
 
+# A NaN where the checkpoint should hold a number and that no load-time scan
+# sees (the final norm here; an expert's scale streamed from the safetensors
+# alike) makes every logit NaN: generation stops with an error naming the
+# position, on each path that samples (plain, speculative, batched), instead
+# of emitting id 0 over and over with exit 0. `logits` still writes them.
+copy_of "$GOOD"; st_edit "$T/m" "set=model.norm.weight:5:7e00"
+NANMSG="the model's logits after 2 tokens are all NaN or infinite: the checkpoint holds NaN or Inf"
+expect_error nan-logits-run "^deltafin: $NANMSG" "$ENG" run --model "$T/m" --prompt-tokens 1,2 --max-new 3
+expect_error nan-logits-spec "^deltafin: $NANMSG" \
+    "$ENG" run --model "$T/m" --prompt-tokens 1,2 --max-new 3 --draft lookup
+printf '%s\n' '{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":[1,2],"max_tokens":3}}' >"$T/nan.jsonl"
+rm -f "$T/nan.out"
+if "$ENG" batch --model "$T/m" --input "$T/nan.jsonl" --output "$T/nan.out" >/dev/null 2>"$T/err"; then
+    bad nan-logits-batch "exit 0: $(cat "$T/err")"
+else
+    grep -q "job 'a' (line 1) failed: $NANMSG" "$T/err" && ok nan-logits-batch || bad nan-logits-batch "$(cat "$T/err")"
+fi
+"$ENG" logits --model "$T/m" --tokens 1,2 --out "$T/nan.f32" 2>/dev/null && ok nan-logits-written \
+    || bad nan-logits-written "logits refused the NaN model"
+
 # ---- the Kimi-Linear family (issue 23): a malformed schedule or KDA tensor names the field
 # or the tensor, exit 2
 KL=$MODELS/engine-kimi-linear; K3=$MODELS/engine-k3; A=model.layers.0.self_attn

@@ -26,6 +26,7 @@
 #include "deltafin.h"
 
 #include "decode/gate.h"
+#include "decode/sampler.h"
 #include "decode/speculative.h"
 
 #include "util/util.h"
@@ -172,10 +173,14 @@ static bool take(req *q, int32_t got) {
     return false;
 }
 
-static int32_t sample(df_batchgen *g, req *q) {
+/* generate.c's sample() */
+static int sample(df_batchgen *g, req *q, int32_t *tok, df_error *err) {
     const df_generate_opts *o = &q->o;
+    int rc = df_logits_check(q->logits, g->V, q->nh, err);
+    if (rc) return rc;
     if (o->logits_hook) o->logits_hook(o->hook_user, q->logits, g->V, q->hist, q->nh);
-    return df_sampler_sample(o->sampler, q->logits, g->V, q->hist, q->nh);
+    *tok = df_sampler_sample(o->sampler, q->logits, g->V, q->hist, q->nh);
+    return DF_OK;
 }
 
 /* generate.c's store_prompt(): the prompt cache's positions of the prompt
@@ -209,7 +214,14 @@ static void advance(df_batchgen *g, req *q, int rows, double step_s) {
         q->r.prefill_s = df_now() - q->t_start;
         if (q->o.on_prefill) q->o.on_prefill(q->o.user, q->n_prompt - q->r.prompt_reused, q->r.prefill_s);
         q->decoding = true;
-        bool end = take(q, sample(g, q));
+        df_error err;
+        int32_t t;
+        int rc = sample(g, q, &t, &err);
+        if (rc) {
+            finish(g, q, rc, &err);
+            return;
+        }
+        bool end = take(q, t);
         if (q->every) store_prompt(q); /* once the first token is out, as generate.c */
         q->t_decode = df_now();
         if (end) finish(g, q, DF_OK, NULL);
@@ -218,15 +230,11 @@ static void advance(df_batchgen *g, req *q, int rows, double step_s) {
     }
     int32_t got[GATE_K_MAX + 1];
     int ng = 1;
-    if (q->drafting) {
-        df_error err;
-        int rc = df_spec_end(q->o.spec, q->s, q->o.sampler, got, &ng, &err);
-        if (rc) {
-            finish(g, q, rc, &err);
-            return;
-        }
-    } else {
-        got[0] = sample(g, q);
+    df_error err;
+    int rc = q->drafting ? df_spec_end(q->o.spec, q->s, q->o.sampler, got, &ng, &err) : sample(g, q, &got[0], &err);
+    if (rc) {
+        finish(g, q, rc, &err);
+        return;
     }
     q->r.decoded += ng;
     if (q->o.on_step) q->o.on_step(q->o.user, ng, step_s);

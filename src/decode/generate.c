@@ -19,6 +19,7 @@
  */
 #include "deltafin.h"
 
+#include "decode/sampler.h"
 #include "util/util.h"
 
 #include <limits.h>
@@ -124,10 +125,15 @@ static bool take(loop *L, const int32_t *got, int ng) {
     return false;
 }
 
-static int sample(loop *L) {
+/* *tok: the next token from the model's logits row, which must have a finite
+ * value (df_logits_check). */
+static int sample(loop *L, int32_t *tok, df_error *err) {
     const df_generate_opts *o = L->o;
+    int rc = df_logits_check(L->logits, L->V, L->nh, err);
+    if (rc) return rc;
     if (o->logits_hook) o->logits_hook(o->hook_user, L->logits, L->V, L->hist, L->nh);
-    return df_sampler_sample(o->sampler, L->logits, L->V, L->hist, L->nh);
+    *tok = df_sampler_sample(o->sampler, L->logits, L->V, L->hist, L->nh);
+    return DF_OK;
 }
 
 /* One step: the history's last token evaluated (with any drafts). */
@@ -137,9 +143,8 @@ static int step(loop *L, int32_t *got, int *ng, df_error *err) {
         return df_spec_step(o->spec, L->s, o->sampler, L->hist, L->nh, got, L->limit - L->r->produced, ng, err);
     int rc = df_session_eval(L->s, &L->hist[L->nh - 1], 1, L->logits, 0, err);
     if (rc) return rc;
-    got[0] = sample(L);
     *ng = 1;
-    return DF_OK;
+    return sample(L, &got[0], err);
 }
 
 /* The first token is sampled and handed to the caller before the prompt's
@@ -148,8 +153,8 @@ static int step(loop *L, int32_t *got, int *ng, df_error *err) {
 static int decode(loop *L, int n, df_error *err) {
     const df_generate_opts *o = L->o;
     int32_t got[17];
-    int ng = 1, rc = DF_OK;
-    got[0] = sample(L);
+    int ng = 1, rc = sample(L, &got[0], err);
+    if (rc) return rc;
     bool done = take(L, got, ng);
     if (L->every) store_prompt(L, L->from, n);
     double t0 = df_now();

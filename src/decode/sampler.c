@@ -474,6 +474,14 @@ static int32_t sample_u(df_sampler *s, float *logits, int vocab, const int32_t *
     return sample_candidates(s, logits, NULL, vocab, u);
 }
 
+int df_logits_check(const float *logits, int vocab, int n_tokens, df_error *err) {
+    for (int i = 0; i < vocab; i++)
+        if (isfinite(logits[i])) return DF_OK;
+    return df_fail(err, DF_ERR_FORMAT, "the model's logits after %d tokens are all NaN or infinite: the "
+                   "checkpoint holds NaN or Inf in a weight, a norm or a scale (deltafin logits writes them)",
+                   n_tokens);
+}
+
 int32_t df_sampler_sample(df_sampler *s, float *logits, int vocab, const int32_t *history,
                           int n_history) {
     return sample_u(s, logits, vocab, history, n_history, NULL);

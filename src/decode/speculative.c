@@ -456,6 +456,7 @@ int df_spec_begin(df_spec *sp, df_session *s, df_sampler *smp, const int32_t *hi
 int df_spec_end(df_spec *sp, df_session *s, df_sampler *smp, int32_t *out, int *n_out, df_error *err) {
     int n_hist = sp->n_hist, kd = sp->kd, rc;
     int32_t next = 0;
+    if ((rc = df_logits_check(sp->rows, sp->V, n_hist, err))) return rc;
     int acc = verify(sp, smp, n_hist, kd, &next);
     if (acc < kd) {
         int at = df_session_rollback(s, n_hist + acc, err);
