@@ -753,8 +753,29 @@ out=$("$ENG" inspect --model tests/data/configs/Kimi-K3 --config-only --ram 128G
 echo "$out" | grep -q "always-active         105.71 GiB (113.5 GB)" && echo "$out" | grep -q "one routed expert     16.73 MiB (17547264 B)" &&
     echo "$out" | grep -q "expert bytes/token    24.06 GiB (25.8 GB)" && echo "$out" | grep -q "expected              0.9" \
     && ok k3-config-only || bad k3-config-only "$out"
-expect_error config-only-family "does not know the sizes of model_type 'qwen3_moe'" \
-    "$ENG" inspect --model "$MODELS/engine-moe" --config-only
+# every family's sizes from config.json alone equal the bytes of its checkpoint's
+# tensors (inspect reading the safetensors): the always-active ones exactly, and
+# one routed expert (INT4's weight_shape companions, 8 bytes a matrix, are
+# counted by the plan only)
+for m in engine-dense engine-moe engine-ds engine-ds-v2 engine-fp8-ds engine-kimi-wrap engine-int4-kimi engine-kimi-linear; do
+    plan=$("$ENG" inspect --model "$MODELS/$m" --config-only 2>&1)
+    full=$("$ENG" inspect --model "$MODELS/$m" 2>&1)
+    pa=$(echo "$plan" | sed -n 's/^always-active .*(\([0-9]*\) B)$/\1/p')
+    fa=$(echo "$full" | sed -n 's/^bytes: .*always-active [^(]*(\([0-9]*\)).*/\1/p')
+    pe=$(echo "$plan" | sed -n 's/^routed experts .*(\([0-9]*\) B)$/\1/p')
+    fe=$(echo "$full" | sed -n 's/^bytes: .*routed experts [^(]*(\([0-9]*\)).*/\1/p')
+    [ $m = engine-int4-kimi ] && fe=$((fe + 8 * 3 * 32 * 1))  # 32 experts x 3 matrices x 8 B, 1 MoE layer
+    if [ -n "$pa" ] && [ "$pa" = "$fa" ] && [ "${pe:-x}" = "${fe:-0}" ]; then ok "config-only-$m"
+    else bad "config-only-$m" "plan $pa / $pe vs checkpoint $fa / $fe: $plan"; fi
+done
+# Qwen3-235B-A22B from its published config: 235.1e9 parameters, 22.1e9 active
+# (BF16: 2 bytes each; 8 of 128 experts in each of 94 layers)
+out=$("$ENG" inspect --model tests/data/configs/Qwen3-235B-A22B --config-only 2>&1)
+a=$(echo "$out" | sed -n 's/^always-active .*(\([0-9.]*\) GB)$/\1/p')
+x=$(echo "$out" | sed -n 's/^routed experts .*(\([0-9.]*\) GB)$/\1/p')
+t=$(echo "$out" | sed -n 's/^expert bytes\/token .*(\([0-9.]*\) GB)$/\1/p')
+$PY -c "import sys; a,x,t=map(float,sys.argv[1:]); sys.exit(not (abs((a+x)/2-235.1)<0.5 and abs((a+t)/2-22.2)<0.3))" \
+    "${a:-0}" "${x:-0}" "${t:-0}" && ok config-only-qwen3-235b || bad config-only-qwen3-235b "$out"
 
 # --stats' per-token split of the evaluation time: KDA time on the K3 model and none
 # on Qwen3 or DeepSeek, attention, spine and experts on all three; with "other" the

@@ -1,10 +1,14 @@
 /*
  * arch.c - the architecture table: one entry per config.json model_type, each
  * defined in its family's file. Adding a family adds a line here
- * (docs/architecture.md, "How to add an architecture").
+ * (docs/architecture.md, "How to add an architecture"). Also the sums the
+ * families' plans (inspect --config-only) share.
  */
 #include "model/arch.h"
 
+#include "model/quant.h"
+
+#include <stdarg.h>
 #include <stdio.h>
 
 extern const df_arch df_arch_qwen3, df_arch_qwen3_moe;
@@ -27,4 +31,22 @@ void df_arch_names(char *buf, size_t n) {
     buf[0] = 0;
     for (size_t i = 0; i < N_ARCH && o < n; i++)
         o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? ", " : "", TABLE[i]->model_type);
+}
+
+int df_plan_linear(df_plan_ctx *p, int rows, int cols, const char *fmt, ...) {
+    char n[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(n, sizeof n, fmt, ap);
+    va_end(ap);
+    df_qkind k = DF_Q_NONE;
+    int rc = p->q ? df_quant_kind(p->q, n, true, &k, p->err) : DF_OK;
+    if (!rc) p->bytes += df_quant_matrix_bytes(k, rows, cols);
+    return rc;
+}
+
+int df_plan_spine(df_plan_ctx *p) {
+    const df_config *c = p->c;
+    p->bytes += 2 * (uint64_t)c->vocab_size * (uint64_t)c->hidden_size + 2 * (uint64_t)c->hidden_size;
+    return c->tie_word_embeddings ? DF_OK : df_plan_linear(p, c->vocab_size, c->hidden_size, "%slm_head", c->tensor_prefix);
 }

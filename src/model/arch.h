@@ -27,6 +27,19 @@ typedef struct df_plan {
     uint64_t active, expert, state_fixed, state_per_token;
 } df_plan;
 
+/* A family's plan sums bytes as shipped here (arch.c). */
+typedef struct df_plan_ctx {
+    const struct df_config *c;
+    const struct df_quant *q;
+    df_error *err;
+    uint64_t bytes;
+} df_plan_ctx;
+/* + the nn.Linear named by fmt (a tensor name without ".weight"), [rows x
+ * cols] in the format the quantization_config gives it (BF16 without one). */
+int df_plan_linear(df_plan_ctx *p, int rows, int cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* + the embedding, the final norm and the LM head (none when tied), BF16. */
+int df_plan_spine(df_plan_ctx *p);
+
 typedef struct df_arch {
     const char *model_type;          /* config.json's model_type */
     /* config.json: the family's fields (the shared ones are already in c;

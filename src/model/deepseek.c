@@ -579,6 +579,61 @@ static void inspect(const df_model *m, FILE *f) {
     if (c->num_experts > 0) inspect_experts(m, f);
 }
 
+/* ---- sizes from config.json alone (inspect --config-only) ---------------------------------------- */
+
+/* load_attention's tensors as shipped (norms BF16). */
+static int plan_attention(df_plan_ctx *p, int li) {
+    const df_config *c = p->c;
+    const char *pre = c->tensor_prefix;
+    int H = c->hidden_size, nh = c->num_attention_heads, qd = nh * c->head_dim, kvl = c->kv_lora_rank;
+    p->bytes += 2 * (2 * (uint64_t)H + (uint64_t)c->q_lora_rank + (uint64_t)kvl);
+    int rc = (c->q_lora_rank ? df_plan_linear(p, c->q_lora_rank, H, "%smodel.layers.%d.self_attn.q_a_proj", pre, li) ||
+                                   df_plan_linear(p, qd, c->q_lora_rank, "%smodel.layers.%d.self_attn.q_b_proj", pre, li)
+                             : df_plan_linear(p, qd, H, "%smodel.layers.%d.self_attn.q_proj", pre, li)) ||
+             df_plan_linear(p, kvl + c->qk_rope_head_dim, H, "%smodel.layers.%d.self_attn.kv_a_proj_with_mqa", pre, li) ||
+             df_plan_linear(p, nh * (c->qk_nope_head_dim + c->v_head_dim), kvl, "%smodel.layers.%d.self_attn.kv_b_proj",
+                            pre, li) ||
+             df_plan_linear(p, H, nh * c->v_head_dim, "%smodel.layers.%d.self_attn.o_proj", pre, li);
+    return rc ? p->err->code : DF_OK;
+}
+
+/* gate, up and down of width I under `what` (load_swiglu). */
+static int plan_swiglu(df_plan_ctx *p, int li, const char *what, int I) {
+    const char *pre = p->c->tensor_prefix;
+    int H = p->c->hidden_size;
+    int rc = df_plan_linear(p, I, H, "%smodel.layers.%d.%s.gate_proj", pre, li, what) ||
+             df_plan_linear(p, I, H, "%smodel.layers.%d.%s.up_proj", pre, li, what) ||
+             df_plan_linear(p, H, I, "%smodel.layers.%d.%s.down_proj", pre, li, what);
+    return rc ? p->err->code : DF_OK;
+}
+
+/* The tensors load() reads, as shipped (the router BF16, its bias F32), the
+ * latent cache (seq_bytes) per token. */
+static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *err) {
+    df_plan_ctx pc = {c, q, err, 0}, *p = &pc;
+    int rc = df_plan_spine(p), first = -1, S = c->n_shared_experts * c->moe_intermediate_size;
+    for (int li = 0; li < c->num_hidden_layers && !rc; li++) {
+        if ((rc = plan_attention(p, li))) break;
+        if (!c->layer_is_moe[li]) {
+            rc = plan_swiglu(p, li, "mlp", c->intermediate_size);
+            continue;
+        }
+        if (first < 0) first = li;
+        p->bytes += 2 * (uint64_t)c->num_experts * (uint64_t)c->hidden_size;
+        if (c->topk_method == DF_TOPK_NOAUX_TC) p->bytes += 4 * (uint64_t)c->num_experts;
+        if (S) rc = plan_swiglu(p, li, "mlp.shared_experts", S);
+    }
+    if (rc) return rc;
+    out->active = p->bytes;
+    p->bytes = 0;
+    if (first >= 0 && c->num_experts > 0 && (rc = plan_swiglu(p, first, "mlp.experts.0", c->moe_intermediate_size)))
+        return rc;
+    out->expert = p->bytes;
+    out->state_fixed = 0;
+    out->state_per_token = (uint64_t)c->num_hidden_layers * df_latent_state_bytes(1, cache_dim(c));
+    return DF_OK;
+}
+
 /* ---- the table entries ------------------------------------------------------------------------ */
 
 static const char *const DS_STOP[] = {"<｜end▁of▁sentence｜>", NULL};
@@ -590,7 +645,7 @@ static const char *const KIMI_STOP[] = {"<|im_end|>", "[EOS]", "[EOT]", NULL};
     {.model_type = type, .parse_config = parse_config, .expert_layout = &EXPERTS,                           \
      .expert_prefix = expert_prefix, .load = load, .unload = unload, .seq_new = seq_new,                     \
      .seq_bytes = seq_bytes, .work_new = work_new, .work_free = work_free, .work_bytes = work_bytes,         \
-     .forward = forward, .stop_tokens = stop, .chat = tmpl, .inspect = inspect}
+     .forward = forward, .stop_tokens = stop, .chat = tmpl, .inspect = inspect, .plan = plan}
 
 const df_arch df_arch_deepseek_v2 = FAMILY("deepseek_v2", DS_STOP, df_chat_render_deepseek_v2);
 const df_arch df_arch_deepseek_v3 = FAMILY("deepseek_v3", DS_STOP, df_chat_render_deepseek_v3);

@@ -528,26 +528,11 @@ static void inspect(const df_model *m, FILE *f) {
 
 /* ---- sizes from config.json alone ---------------------------------------------------------------- */
 
-typedef struct plan_ctx {
-    const df_config *c;
-    const df_quant *q;
-    df_error *err;
-    uint64_t bytes;
-} plan_ctx;
+#define PM(rows, cols, ...) df_plan_linear(p, rows, cols, __VA_ARGS__)
 
-/* Adds Linear `module`'s bytes as the quantization_config ships it. */
-static int plan_mat(plan_ctx *p, const char *module, int rows, int cols) {
-    df_qkind k = DF_Q_NONE;
-    int rc = p->q ? df_quant_kind(p->q, module, true, &k, p->err) : DF_OK;
-    if (!rc) p->bytes += df_quant_matrix_bytes(k, rows, cols);
-    return rc;
-}
-
-#define PM(rows, cols, ...) (snprintf(n, sizeof n, __VA_ARGS__), plan_mat(p, n, rows, cols))
-
-static int plan_attention(plan_ctx *p, int li) {
+static int plan_attention(df_plan_ctx *p, int li) {
     const df_config *c = p->c;
-    char n[256], b[160];
+    char b[160];
     int rc, H = c->hidden_size;
     snprintf(b, sizeof b, "%smodel.layers.%d.self_attn", c->tensor_prefix, li);
     if (c->layer_is_linear[li]) {
@@ -557,7 +542,8 @@ static int plan_attention(plan_ctx *p, int li) {
              PM(H, C, "%s.o_proj", b) ||
              (c->linear_full_rank_gate ? PM(C, H, "%s.g_proj", b)
                                        : (PM(dk, H, "%s.g_a_proj", b) || PM(C, dk, "%s.g_b_proj", b)));
-        p->bytes += 4 * ((uint64_t)3 * (uint64_t)C * (uint64_t)c->linear_conv + (uint64_t)C + 2 * (uint64_t)dk);
+        /* F32: the three short convolutions, dt_bias [C], o_norm [dk], A_log [nh] */
+        p->bytes += 4 * ((uint64_t)3 * (uint64_t)C * (uint64_t)c->linear_conv + (uint64_t)C + (uint64_t)dk + (uint64_t)nh);
         return rc ? p->err->code : DF_OK;
     }
     int nh = c->num_attention_heads, qd = nh * c->head_dim, kvl = c->kv_lora_rank, vd = nh * c->v_head_dim;
@@ -570,9 +556,9 @@ static int plan_attention(plan_ctx *p, int li) {
     return rc ? p->err->code : DF_OK;
 }
 
-static int plan_ffn(plan_ctx *p, int li) {
+static int plan_ffn(df_plan_ctx *p, int li) {
     const df_config *c = p->c;
-    char n[256], b[160];
+    char b[160];
     int rc, H = c->hidden_size, X = c->moe_latent_size;
     if (!c->layer_is_moe[li]) {
         int I = c->intermediate_size;
@@ -591,8 +577,7 @@ static int plan_ffn(plan_ctx *p, int li) {
 }
 
 static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *err) {
-    plan_ctx pc = {c, q, err, 0}, *p = &pc;
-    char n[256];
+    df_plan_ctx pc = {c, q, err, 0}, *p = &pc;
     int rc, H = c->hidden_size, V = c->vocab_size;
     uint64_t sites = c->attn_res_block ? 2 : 0; /* AttnRes norm + proj per site */
     p->bytes = 2 * (uint64_t)V * (uint64_t)H + 2 * (uint64_t)H * (1 + sites);  /* embedding, final norm */

@@ -450,6 +450,42 @@ static void inspect(const df_model *m, FILE *f) {
             c->num_hidden_layers, c->decoder_sparse_step);
 }
 
+/* ---- sizes from config.json alone (inspect --config-only) ---------------------------------------- */
+
+/* The tensors load() reads, as shipped (norms, biases BF16); the KV cache
+ * (seq_bytes) per token. */
+static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *err) {
+    df_plan_ctx pc = {c, q, err, 0}, *p = &pc;
+    int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = kv_dim(c), I = c->intermediate_size;
+    int rc = df_plan_spine(p);
+    for (int li = 0; li < c->num_hidden_layers && !rc; li++) {
+        p->bytes += 2 * (2 * (uint64_t)H + 2 * (uint64_t)hd); /* input, post-attention, q and k norms */
+        if (c->attention_bias) p->bytes += 2 * ((uint64_t)qd + 2 * (uint64_t)kvd + (uint64_t)H);
+        rc = df_plan_linear(p, qd, H, "model.layers.%d.self_attn.q_proj", li) ||
+             df_plan_linear(p, kvd, H, "model.layers.%d.self_attn.k_proj", li) ||
+             df_plan_linear(p, kvd, H, "model.layers.%d.self_attn.v_proj", li) ||
+             df_plan_linear(p, H, qd, "model.layers.%d.self_attn.o_proj", li) ||
+             (c->layer_is_moe[li] ? df_plan_linear(p, c->num_experts, H, "model.layers.%d.mlp.gate", li)
+                                  : df_plan_linear(p, I, H, "model.layers.%d.mlp.gate_proj", li) ||
+                                        df_plan_linear(p, I, H, "model.layers.%d.mlp.up_proj", li) ||
+                                        df_plan_linear(p, H, I, "model.layers.%d.mlp.down_proj", li));
+    }
+    if (rc) return err->code;
+    out->active = p->bytes;
+    p->bytes = 0;
+    int first = 0, mI = c->moe_intermediate_size;
+    while (first < c->num_hidden_layers && !c->layer_is_moe[first]) first++;
+    if (c->num_experts > 0 && first < c->num_hidden_layers &&
+        (df_plan_linear(p, mI, H, "model.layers.%d.mlp.experts.0.gate_proj", first) ||
+         df_plan_linear(p, mI, H, "model.layers.%d.mlp.experts.0.up_proj", first) ||
+         df_plan_linear(p, H, mI, "model.layers.%d.mlp.experts.0.down_proj", first)))
+        return err->code;
+    out->expert = p->bytes;
+    out->state_fixed = 0;
+    out->state_per_token = (uint64_t)c->num_hidden_layers * df_kv_state_bytes(1, kvd);
+    return DF_OK;
+}
+
 /* ---- the table entries ------------------------------------------------------------------------ */
 
 static const char *const STOP[] = {"<|im_end|>", NULL};
@@ -458,10 +494,10 @@ const df_arch df_arch_qwen3 = {
     .model_type = "qwen3", .parse_config = parse_config, .expert_layout = NULL, .expert_prefix = NULL,
     .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes, .work_new = work_new,
     .work_free = work_free, .work_bytes = work_bytes, .forward = forward, .stop_tokens = STOP,
-    .chat = df_chat_render_chatml_spans, .inspect = inspect};
+    .chat = df_chat_render_chatml_spans, .inspect = inspect, .plan = plan};
 
 const df_arch df_arch_qwen3_moe = {
     .model_type = "qwen3_moe", .parse_config = parse_config, .expert_layout = &EXPERTS,
     .expert_prefix = expert_prefix, .load = load, .unload = unload, .seq_new = seq_new, .seq_bytes = seq_bytes,
     .work_new = work_new, .work_free = work_free, .work_bytes = work_bytes, .forward = forward,
-    .stop_tokens = STOP, .chat = df_chat_render_chatml_spans, .inspect = inspect};
+    .stop_tokens = STOP, .chat = df_chat_render_chatml_spans, .inspect = inspect, .plan = plan};
