@@ -250,4 +250,27 @@ tight() { # NAME MODEL PROMPT_IDS
 tight tight-6-layers "$M" "$PROMPT"
 tight tight-2-layers-151k-vocab "$MODELS/budget-moe-v2" "$PROMPT"
 tight tight-demo-moe models/demo-moe "$(seq -s, 300 17 900)"
+
+# batch --parallel 4 is sized as serve --parallel 4: four sessions' state and one
+# set of work buffers (it once reserved three whole sessions with their own
+# buffers on top: 90 MiB asked for a run that peaks near 33); the peak of the
+# whole process (its ru_maxrss) stays within the budget
+/usr/bin/python3 -c "
+import json
+for i in range(8): print(json.dumps({'custom_id': 'j%d' % i, 'method': 'POST', 'url': '/v1/completions',
+                                     'body': {'prompt': 'the whale ' * (20 * i + 1), 'max_tokens': 40, 'temperature': 0}}))
+" >"$T/jobs.jsonl"
+out=$(ERRF="$T/err" /usr/bin/python3 -c "
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open(os.environ['ERRF'], 'w'))
+_, st, ru = os.wait4(p.pid, 0)
+print(os.waitstatus_to_exitcode(st), ru.ru_maxrss * 1024)
+" "$ENG" batch --model models/demo-moe --input "$T/jobs.jsonl" --output "$T/res.jsonl" --parallel 4 --ctx 512 \
+    --experts "$T/tpack" --ram-budget 46M)
+read -r rc peak <<<"$out"
+if [ "$rc" = 0 ] && [ "$(wc -l <"$T/res.jsonl")" = 8 ] && [ "$peak" -le $((46 * MIB)) ]; then
+    ok "batch-parallel-4-46M peak $((peak / MIB)) MiB"
+else
+    bad batch-parallel-4-46M "exit $rc, peak ${peak:-?}: $(cat "$T/err")"
+fi
 finish

@@ -331,30 +331,19 @@ static void run_jobs(run *r) {
     }
 }
 
-/* The engine. A --ram-budget is sized for one session: the other n - 1
- * sequences' state and the batcher's buffers are reserved from it (sized on
- * the checkpoint opened once just to describe it), so the expert cache gets
+/* The engine, sized as serve's: a --ram-budget holds n sequences' state and
+ * one set of work buffers (the batcher's) beside the always-active weights
+ * (df_engine_opts.sessions), and a drafter per slot; the expert cache gets
  * what they leave. */
 static df_engine *open_engine(const cli_args *a, int n) {
-    if (!a->ram_budget || n < 2) return cli_open_engine(a, NULL);
+    if (!a->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
     df_engine_opts eo = cli_engine_opts(a);
-    eo.describe_only = 1;
-    eo.ram_budget = 0;
-    eo.experts_by_rank = 0; /* sizing only: MPI starts with the engine that runs */
-    df_engine *e;
+    eo.sessions = n;
     df_error err;
-    if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
-    const df_model_info *info = df_engine_info(e);
-    int ctx = a->ctx ? a->ctx : (info->max_context < 4096 ? info->max_context : 4096);
-    uint64_t more = (uint64_t)(n - 1) * df_engine_session_bytes(e, ctx) + df_batcher_bytes(e, 0, ctx), draft = 0;
-    df_spec_opts so = {.draft = a->draft, .k_max = a->draft_k};
-    if (a->draft && df_spec_draft_bytes(&so, info->vocab_size, ctx, &draft, &err)) cli_die_err(&err);
-    more += (uint64_t)n * draft; /* a drafter per slot */
-    df_engine_close(e);
-    eo = cli_engine_opts(a);
-    static char what[80];
-    snprintf(what, sizeof what, "%d more sequences (--parallel)%s", n - 1, a->draft ? " and their drafters" : "");
-    eo.reserve_bytes = more, eo.reserve_for = what;
+    static char what[600];
+    if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) cli_die_err(&err);
+    eo.reserve_bytes *= (uint64_t)n; /* a drafter per slot */
+    df_engine *e;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
     cli_serve_rank(e);
     if (a->ctx > df_engine_info(e)->max_context)
