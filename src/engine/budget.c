@@ -135,6 +135,11 @@ static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df
     p->session = sessions_here(e, p->context, e->chunk, p->sessions);
     uint64_t need = plan_total(p, p->session);
     if (need >= budget) {
+        /* what the refusal names: the least any budget would need, the chunk
+         * at the smallest the loop above makes it */
+        int least = e->chunk;
+        while (!o->prefill_chunk && least > 16) least /= 2;
+        need = plan_total(p, sessions_here(e, p->context, least, p->sessions));
         char what[800], ctx[80];
         if (p->sessions > 1) snprintf(ctx, sizeof ctx, "%d sessions of a %d-token context", p->sessions, p->context);
         else snprintf(ctx, sizeof ctx, "a %d-token context", p->context);
