@@ -273,6 +273,23 @@ if [ -f "$T/pack/experts.bin" ]; then
     expect_error fifo-pack "experts.bin is not a regular file" \
         timeout 20 "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/fpack"
 fi
+# a malformed manifest record names the column or part at fault
+if [ -f "$T/pack/manifest.json" ]; then
+    pk_rec() { # NAME PATTERN PYTHON-EDIT-OF-r (record 1)
+        rm -rf "$T/mpack"; cp -r "$T/pack" "$T/mpack"
+        $PY - "$T/mpack/manifest.json" "$3" <<'PYEOF'
+import json, sys
+p = sys.argv[1]; m = json.load(open(p)); r = m["records"][1]
+exec(sys.argv[2])
+json.dump(m, open(p, "w"))
+PYEOF
+        expect_error "pack-record-$1" "manifest.json: record 1 is malformed: $2" \
+            "$ENG" run --model "$MOE" --prompt-tokens 1,2 --max-new 1 --experts "$T/mpack"
+    }
+    pk_rec layer "layer 99 is outside 0\.\." 'r[0] = 99'
+    pk_rec nbytes "part 0 \('[a-z_.]*'\): nbytes [0-9]* is not what its BF16 shape holds" 'r[6][0][3] -= 1'
+    pk_rec dtype "part 1 \('[a-z_.]*'\): unknown dtype 'BOGUS'" 'r[6][1][1] = "BOGUS"'
+fi
 mkfifo "$T/jobs.fifo"
 expect_error fifo-batch-input "^deltafin: --input: .*jobs.fifo: not a regular file" \
     timeout 20 "$ENG" batch --model "$GOOD" --input "$T/jobs.fifo" --output "$T/res.jsonl"
