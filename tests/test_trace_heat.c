@@ -428,6 +428,8 @@ static void test_cache_sim_cli(void **st) {
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--fraction", "0.1"), 2);
     assert_int_equal(sim("--trace", tr, "--slots", "0", NULL, NULL), 2);
     assert_int_equal(sim("--trace", tr, "--fraction", "1.5", NULL, NULL), 2);
+    assert_int_equal(sim("--trace", tr, "--fraction", "nan", NULL, NULL), 2); /* NaN is no number in range */
+    assert_int_equal(sim("--trace", tr, "--half-life", "nan", "--slots", "10"), 2);
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--policy", "fifo"), 2);
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--pin", "0.5"), 2);
     assert_int_equal(sim("--trace", tr, "--slots", "10", "--warmup", "100000"), 2);

@@ -30,7 +30,7 @@ static int set_num(const cli_opt *o, void *dst, const char *v, double lo, double
                    const char *what) {
     char *end;
     double x = strtod(v, &end);
-    if (end == v || *end || x < lo || x > hi || (lo_open && x == lo)) {
+    if (end == v || *end || !(x >= lo && x <= hi) || (lo_open && x == lo)) { /* NaN fails too */
         cli_error("%s needs %s, got '%s'", o->name, what, v);
         return 1;
     }
@@ -186,7 +186,10 @@ static int run_policies(const sim_args *a, const df_trace *t, const df_cache_tun
             cli_error("cache-sim: %s", err.msg);
             return 1;
         }
-        if (df_heat_load(&heat, a->heat, &err) != DF_HEAT_LOADED) fprintf(stderr, "cache-sim: warning: %s\n", err.msg);
+        if (df_heat_load(&heat, a->heat, &err) != DF_HEAT_LOADED) {
+            fprintf(stderr, "cache-sim: warning: %s; nothing pinned\n", err.msg);
+            n_pinned = 0; /* empty heat ranks no expert above another */
+        }
         have_heat = true;
     }
     printf("trace %s: %d tokens in %d sequences, %d layers x %d experts, top-%d\n", a->trace, t->n_tokens,

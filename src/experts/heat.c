@@ -263,8 +263,8 @@ df_heat_load_result df_heat_load(df_heat *h, const char *path, df_error *why) {
     uint64_t want = (uint64_t)HEAT_HDR + (uint64_t)fl * fe * 8 + 4;
     if (fl == 0 || fe == 0 || fl > 65536 || fe > 65536 || want != len) {
         df_fail(why, DF_ERR_FORMAT, "%s: heat file is %zu bytes, its header (%u x %u) "
-                "implies %llu (truncated?); starting with empty heat", path, len, fl, fe,
-                (unsigned long long)want);
+                "implies %llu%s; starting with empty heat", path, len, fl, fe,
+                (unsigned long long)want, len < want ? " (truncated?)" : "");
         goto out;
     }
     uint32_t crc = get32(p + len - 4), got = df_crc32(0, p, len - 4);

@@ -276,10 +276,16 @@ static int check_opts(const df_cache_opts *o, df_error *err) {
                        o->initial_heat->n_layers, o->initial_heat->n_experts, o->n_layers,
                        o->n_experts);
     const df_cache_tuning *tu = &o->tuning;
-    if (tu->n_buckets < 0 || tu->n_buckets > NB_MAX || tu->max_missed < 0 ||
-        tu->max_missed > 4096 || tu->relearn_tokens < 0 || tu->admit_factor < 0 ||
-        tu->learn_half_life < 0 || tu->prior_tokens < 0)
-        return df_fail(err, DF_ERR_ARG, "cache: tuning out of range");
+    if (tu->n_buckets < 0 || tu->n_buckets > NB_MAX)
+        return df_fail(err, DF_ERR_ARG, "cache: tuning buckets=%d is outside 1..%d", tu->n_buckets, NB_MAX);
+    if (tu->max_missed < 0 || tu->max_missed > 4096)
+        return df_fail(err, DF_ERR_ARG, "cache: tuning max_missed=%d is outside 1..4096", tu->max_missed);
+    if (tu->relearn_tokens < 0)
+        return df_fail(err, DF_ERR_ARG, "cache: tuning relearn=%d is negative", tu->relearn_tokens);
+    /* written so that NaN fails */
+    if (!(tu->admit_factor >= 0) || !(tu->learn_half_life >= 0) || !(tu->prior_tokens >= 0))
+        return df_fail(err, DF_ERR_ARG, "cache: tunings admit, learn_half_life and prior_tokens must be numbers >= 0 "
+                       "(got %g, %g, %g)", tu->admit_factor, tu->learn_half_life, tu->prior_tokens);
     return DF_OK;
 }
 
