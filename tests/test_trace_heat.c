@@ -309,6 +309,10 @@ static void test_heat_bad_files(void **st) {
     memcpy(bad + len, "trailing", 8);
     df_test_write_path(tmp("bad.heat"), bad, len + 8);
     assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
+    assert_non_null(strstr(why, "implies")); /* longer than its header says: not called truncated */
+    assert_null(strstr(why, "truncated"));
+    df_test_write_path(tmp("bad.heat"), good, len - 1);
+    assert_int_equal(load_into(&b, tmp("bad.heat"), why, sizeof why), DF_HEAT_CORRUPT);
     assert_non_null(strstr(why, "truncated"));
     /* valid checksum over a NaN: still refused */
     memcpy(bad, good, len);
