@@ -16,14 +16,37 @@
 
 /* ---- setters with more to them than the field ------------------------------------ */
 
+/* A float option whose value must pass ok (what: the range, for the error;
+ * the sampler checks the same and would name its own field). */
+static int set_ranged(const cli_opt *o, void *dst, const char *v, bool (*ok)(float), const char *what) {
+    if (cli_set_float(o, dst, v)) return 1;
+    if (!ok(*(float *)((char *)dst + o->off))) {
+        cli_error("%s expects %s, got '%s'", o->name, what, v);
+        return 1;
+    }
+    return 0;
+}
+static bool nonneg(float x) { return x >= 0; }
+static bool unit_open_low(float x) { return x > 0 && x <= 1; }
+static bool unit_open_high(float x) { return x >= 0 && x < 1; }
+static bool positive(float x) { return x > 0; }
+
 static int set_temp(const cli_opt *o, void *dst, const char *v) {
     A(dst)->temp_set = true;
-    return cli_set_float(o, dst, v);
+    return set_ranged(o, dst, v, nonneg, "a number >= 0");
 }
 
 static int set_top_p(const cli_opt *o, void *dst, const char *v) {
     A(dst)->top_p_set = true;
-    return cli_set_float(o, dst, v);
+    return set_ranged(o, dst, v, unit_open_low, "a number in (0, 1]");
+}
+
+static int set_min_p(const cli_opt *o, void *dst, const char *v) {
+    return set_ranged(o, dst, v, unit_open_high, "a number in [0, 1)");
+}
+
+static int set_repeat_penalty(const cli_opt *o, void *dst, const char *v) {
+    return set_ranged(o, dst, v, positive, "a number above 0");
 }
 
 static int set_top_k(const cli_opt *o, void *dst, const char *v) {
@@ -59,9 +82,9 @@ static int set_sim_disk(const cli_opt *o, void *dst, const char *v) {
     return 0;
 }
 
-static int set_api_key(const cli_opt *o, void *dst, const char *v) {
+static int set_nonempty(const cli_opt *o, void *dst, const char *v) {
     if (!*v) {
-        cli_error("--api-key must not be empty");
+        cli_error("%s must not be empty", o->name);
         return 1;
     }
     return cli_set_str(o, dst, v);
@@ -121,7 +144,7 @@ const cli_opt CLI_OPTS[] = {
     {"--config-only", NULL, "inspect: from config.json alone (the tensors need not exist): sizes\n"
      "as shipped and, with --ram and --drive-bw, the expected decode speed", cli_set_true, F(config_only), 0, 0},
     {"--ram", "SIZE", "inspect --config-only: the machine's RAM", cli_set_size, F(ram), 0, 0},
-    {"--drive-bw", "GB/S", "inspect --config-only: the drives' read bandwidth, all together", cli_set_float,
+    {"--drive-bw", "GB/S", "inspect --config-only: the drives' read bandwidth, all together", cli_set_positive,
      F(drive_bw), 0, 0},
     {"--policy", "P", "expert cache policy: deltafin (default) or lru", cli_set_str, F(policy), 0, 0},
     {"--prefetch", "MODE", "read predicted experts ahead of need: on (per layer the better\n"
@@ -135,15 +158,15 @@ const cli_opt CLI_OPTS[] = {
      "--experts, \"{rank}\" replaced by its number; README: Several\n"
      "machines)", cli_set_true, F(experts_by_rank), 0, 0},
     {"--rank-timeout", "S", "--experts-by-rank: seconds rank 0 waits for a rank's answer\n"
-     "before failing (default 60)", cli_set_float, F(rank_timeout), 0, 0},
+     "before failing (default 60)", cli_set_positive, F(rank_timeout), 0, 0},
     {"--rank0-experts", "yes|no", "--experts-by-rank: whether rank 0 owns experts too (default yes)",
      set_rank0_experts, 0, 0, 0},
     {"--rank-bandwidth", "GB/S", "--experts-by-rank: this rank's drive bandwidth for the plan\n"
-     "(default: measured on its pack)", cli_set_float, F(rank_bw), 0, 0},
+     "(default: measured on its pack)", cli_set_positive, F(rank_bw), 0, 0},
     {"--prompt-cache", "DIR", "keep session states in DIR, keyed by the model and the tokens\n"
      "before them: a prompt that starts like an earlier one (also\n"
      "after a restart, or from another process) prefills only the\n"
-     "rest, with the same output (README: Prompt cache)", cli_set_str, F(prompt_cache), 0, 0},
+     "rest, with the same output (README: Prompt cache)", set_nonempty, F(prompt_cache), 0, 0},
     {"--prompt-cache-size", "SIZE", "most bytes of files in the --prompt-cache directory (default\n"
      "4G); least recently used go first", cli_set_size, F(prompt_cache_size), 0, 0},
     {"--prompt-cache-every", "N", "store a long prompt's state every N positions too, besides its\n"
@@ -173,9 +196,9 @@ const cli_opt CLI_OPTS[] = {
      "generation_config.json)", set_top_k, F(sp.top_k), 0, INT_MAX},
     {"--top-p", "P", "nucleus sampling (1: off; default: generation_config.json; a\n"
      "request's own value wins)", set_top_p, F(sp.top_p), 0, 0},
-    {"--min-p", "P", "drop tokens less likely than P times the most likely (0: off)", cli_set_float,
+    {"--min-p", "P", "drop tokens less likely than P times the most likely (0: off)", set_min_p,
      F(sp.min_p), 0, 0},
-    {"--repeat-penalty", "R", "divide the logits of recent tokens by R (1: off)", cli_set_float,
+    {"--repeat-penalty", "R", "divide the logits of recent tokens by R (1: off)", set_repeat_penalty,
      F(sp.repeat_penalty), 0, 0},
     {"--repeat-last-n", "N", "the tokens --repeat-penalty looks back over (0: all)", cli_set_int,
      F(sp.repeat_last_n), 0, INT_MAX},
@@ -186,7 +209,7 @@ const cli_opt CLI_OPTS[] = {
      "bytes read, cache hits/misses, read wait vs compute, bandwidth", cli_set_true, F(stats), 0, 0},
     {"--events", "FILE", "the same statistics as JSON lines", cli_set_str, F(events), 0, 0},
     {"--io-bw", "GB/S", "measured device bandwidth: --stats then reports the I/O bound\n"
-     "(bandwidth / bytes missed per token) and the fraction reached", cli_set_float, F(io_bw), 0, 0},
+     "(bandwidth / bytes missed per token) and the fraction reached", cli_set_positive, F(io_bw), 0, 0},
     /* speculative decoding */
     {"--draft", "DIR|lookup", "speculative decoding, same output as without: DIR is a draft\n"
      "checkpoint sharing the target's tokenizer (run in RAM), lookup\n"
@@ -217,7 +240,7 @@ const cli_opt CLI_OPTS[] = {
      "--api-key, the environment variable DELTAFIN_API_KEY is the key\n"
      "if set", cli_set_str, F(api_key_file), 0, 0},
     {"--api-key", "KEY", "the same with KEY given here, where every local user can\n"
-     "read it (ps, /proc): prefer the file or the environment", set_api_key, F(api_key), 0, 0},
+     "read it (ps, /proc): prefer the file or the environment", set_nonempty, F(api_key), 0, 0},
     {"--insecure-bind", NULL, "allow a non-loopback --host without an API key", cli_set_true, F(insecure_bind), 0,
      0},
     {"--max-body", "BYTES", "largest request body (default 1M); larger gets 413", cli_set_size, F(max_body), 0, 0},
@@ -335,6 +358,7 @@ void cli_args_init(cli_args *a) {
 }
 
 df_engine_opts cli_engine_opts(const cli_args *a) {
+    if (a->pin && !a->experts) cli_die("--pin needs --experts (it pins the hottest experts of a pack)");
     return (df_engine_opts){.model_dir = a->model, .n_threads = a->threads, .isa = a->isa,
                             .experts = a->experts, .ram_budget = a->ram_budget, .context = a->ctx,
                             .expert_cache = a->expert_cache, .cache_policy = a->policy,
@@ -354,18 +378,23 @@ void cli_die_err(const df_error *e) {
 int32_t *cli_parse_ids(const char *flag, const char *s, int *n) {
     int cap = 16, k = 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
-    const char *p = s;
+    /* ids separated by one comma or by white space; an empty entry ("1,,2",
+     * "1,") is refused, not skipped */
+    const char *p = s + strspn(s, " \n\t");
     while (*p) {
-        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t') p++;
-        if (!*p) break;
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX)
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && !strchr(", \n\t", *end)))
             cli_die("%s: '%s' is not a list of token ids", flag, s);
         if (k == cap) ids = realloc(ids, sizeof(int32_t) * (size_t)(cap *= 2));
         ids[k++] = (int32_t)v;
-        p = end;
+        p = end + strspn(end, " \n\t");
+        if (*p == ',') {
+            p++;
+            p += strspn(p, " \n\t");
+            if (!*p || *p == ',') cli_die("%s: '%s' has an empty entry", flag, s);
+        }
     }
     if (!k) cli_die("%s: no token ids given", flag);
     *n = k;

@@ -167,6 +167,7 @@ static void run_check(cli_args *a, const cli_dev *dev) {
         cli_die(dev ? "give exactly one of --prompt, --prompt-tokens or --random-prompt"
                     : "give exactly one of --prompt or --prompt-tokens");
     if (a->chat && !a->prompt) cli_die("--chat needs --prompt");
+    if (a->system && !a->chat) cli_die("--system needs --chat");
     if (!a->prompt_cache && (a->prompt_cache_size || a->prompt_cache_every))
         cli_die("--prompt-cache-size and --prompt-cache-every need --prompt-cache");
     if (!a->draft && (a->draft_k || a->lookup_n || a->draft_fixed || a->draft_rejection))
@@ -345,6 +346,7 @@ int cli_tokenize_main(int argc, char **argv) {
     if (rc) return rc == CLI_HELP ? 0 : rc;
     if (!a.text == !a.decode) cli_die("give exactly one of --text or --decode");
     if (a.chat && !a.text) cli_die("--chat needs --text");
+    if (a.system && !a.chat) cli_die("--system needs --chat");
     df_engine *e = cli_open_engine(&a, NULL);
     df_error err;
     if (a.text) {
