@@ -178,6 +178,11 @@ expect err-type 400 max_tokens $C "{\"model\":\"m\",$MSG,\"max_tokens\":\"ten\"}
 expect err-temperature 400 temperature $C "{\"model\":\"m\",$MSG,\"temperature\":3}"
 expect err-stop-count 400 stop $C "{\"model\":\"m\",$MSG,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}"
 expect err-role 400 messages $C '{"model":"m","messages":[{"role":"wizard","content":"hi"}]}'
+expect err-thinking-type 400 chat_template_kwargs.enable_thinking $C \
+    "{\"model\":\"m\",$MSG,\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}"
+expect err-nul 400 "" $C '{"model":"m","messages":[{"role":"user","content":"a\u0000b"}]}'
+grep -q 'NUL character) is not allowed in a string' "$T/body" && ! grep -q JSON_ALLOW_NUL "$T/body" && ok err-nul-message \
+    || bad err-nul-message "$(head -c 300 "$T/body")"
 expect err-no-messages 400 messages $C '{"model":"m"}'
 expect err-malformed 400 "" $C '{"model":"m",'
 expect err-not-object 400 "" $C '[1,2]'
@@ -329,6 +334,8 @@ st=$(curl -s -o /dev/null -w '%{http_code}' "$U2/v1/models")
 [ "$st" = 401 ] && ok auth-no-key || bad auth-no-key "status $st"
 st=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sekrit' "$U2/v1/models")
 [ "$st" = 200 ] && ok auth-right-key || bad auth-right-key "status $st"
+st=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: bearer sekrit' "$U2/v1/models") # the scheme is case-insensitive
+[ "$st" = 200 ] && ok auth-scheme-case || bad auth-scheme-case "status $st"
 SLOW='{"model":"m","prompt":"Tell me a story","max_tokens":8000,"temperature":0}'
 bg=()
 for i in 1 2; do

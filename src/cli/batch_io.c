@@ -8,6 +8,7 @@
  */
 #include "cli/batch.h"
 #include "cli/cli.h"
+#include "util/json_text.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -48,7 +49,7 @@ static void parse_line(batch_job *j, const char *text, size_t len) {
     snprintf(buf, sizeof buf, "line %d", j->line);
     j->hash = fnv1a(buf, strlen(buf));
     if (!root) {
-        envelope_error(j, "the line is not valid JSON: %s", je.text);
+        envelope_error(j, "the line is not valid JSON: %s", df_json_error_text(&je));
         return;
     }
     if (!json_is_object(root)) {

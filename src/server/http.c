@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -265,10 +266,11 @@ static enum MHD_Result handle_metrics(conn *c) {
     return rc;
 }
 
-/* Constant time in the key's content: every byte of the longer is examined. */
+/* Constant time in the key's content: every byte of the longer is examined.
+ * The scheme's name is case-insensitive (RFC 9110 11.1). */
 static bool key_ok(const char *auth) {
     static const char pre[] = "Bearer ";
-    if (!auth || strncmp(auth, pre, sizeof pre - 1)) return false;
+    if (!auth || strncasecmp(auth, pre, sizeof pre - 1)) return false;
     const char *got = auth + sizeof pre - 1, *want = g_srv.cfg.api_key;
     size_t gl = strlen(got), wl = strlen(want), n = gl > wl ? gl : wl;
     unsigned char diff = gl != wl;
@@ -384,8 +386,10 @@ static int serve(sigset_t *set) {
         srv_stop_requests();
         return 1;
     }
-    fprintf(stderr, "deltafin serve: %s on http://%s:%d (context %d, parallel %d, queue %d%s)\n", g_srv.cfg.model_id,
-            o->host, o->port, g_srv.cfg.ctx, o->parallel, o->queue, o->api_key ? ", API key required" : "");
+    bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets in a URL */
+    fprintf(stderr, "deltafin serve: %s on http://%s%s%s:%d (context %d, parallel %d, queue %d%s)\n",
+            g_srv.cfg.model_id, v6 ? "[" : "", o->host, v6 ? "]" : "", o->port, g_srv.cfg.ctx, o->parallel, o->queue,
+            o->api_key ? ", API key required" : "");
 
     sigdelset(set, SIGPIPE);
     int sig = 0;

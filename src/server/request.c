@@ -10,6 +10,7 @@
  * gets silently different behaviour from what it asked for.
  */
 #include "server/request.h"
+#include "util/json_text.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -266,7 +267,7 @@ static int parse_fields(json_t *root, srv_request *r, srv_error *e) {
             json_t *v2;
             json_object_foreach(v, k2, v2) {
                 if (strcmp(k2, "include_usage")) return fail(e, key, "stream_options.%s is not supported", k2);
-                if (get_bool(v2, "stream_options", &r->include_usage, e)) return -1;
+                if (get_bool(v2, "stream_options.include_usage", &r->include_usage, e)) return -1;
             }
         } else if ((off = parse_off_field(key, v, chat, e)) <= 0) {
             if (off < 0) return -1;
@@ -279,7 +280,7 @@ static int parse_fields(json_t *root, srv_request *r, srv_error *e) {
                 if (strcmp(k2, "enable_thinking"))
                     return fail(e, key, "chat_template_kwargs.%s is not supported (only enable_thinking)", k2);
                 bool b = false;
-                if (get_bool(v2, "chat_template_kwargs", &b, e)) return -1;
+                if (get_bool(v2, "chat_template_kwargs.enable_thinking", &b, e)) return -1;
                 r->enable_thinking = b;
             }
         } else {
@@ -301,7 +302,7 @@ int srv_parse_request(int kind, const char *body, size_t len, srv_request *r, sr
     r->enable_thinking = -1;
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(e, NULL, "invalid JSON body: %s (at byte %d)", je.text, je.position);
+    if (!root) return fail(e, NULL, "invalid JSON body: %s (at byte %d)", df_json_error_text(&je), je.position);
     int rc = json_is_object(root) ? parse_fields(root, r, e) : fail(e, NULL, "the request body must be a JSON object");
     json_decref(root);
     if (rc) srv_request_free(r);
