@@ -204,6 +204,8 @@ st=$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/nothing")
 [ "$st" = 404 ] && ok err-404 || bad err-404 "status $st"
 st=$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/chat/completions")
 [ "$st" = 405 ] && ok err-405 || bad err-405 "status $st"
+st=$(curl -s -I -o "$T/head" -w '%{http_code}' "$U/health") # HEAD as GET, without the body
+[ "$st" = 200 ] && grep -qi '^content-type: application/json' "$T/head" && ok head-health || bad head-health "status $st"
 kill -0 "$S1" 2>/dev/null && ok alive-after-bad-input || bad alive-after-bad-input "server died"
 
 # edge NAME CHECK ARGS... : the helper's "ok NAME" / "FAIL NAME: why" lines

@@ -326,7 +326,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         snprintf(msg, sizeof msg, "the request body is larger than %llu bytes", (unsigned long long)g_srv.cfg.max_body);
         return send_error(c, 413, "invalid_request_error", NULL, msg, NULL);
     }
-    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    /* HEAD answers as GET does: libmicrohttpd leaves the body out */
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     switch (c->ep) {
     case EP_HEALTH:
         if (!get) break;
