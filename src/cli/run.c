@@ -400,8 +400,9 @@ int cli_logits(cli_args *a, const cli_dev *dev) {
     }
     FILE *f = fopen(a->out, "wb");
     if (!f) cli_die("%s: cannot create: %s", a->out, strerror(errno));
+    errno = 0;
     if (fwrite(lg, sizeof(float), V * (size_t)n, f) != V * (size_t)n || fclose(f) != 0)
-        cli_die("%s: write failed", a->out);
+        cli_die("%s: write failed: %s", a->out, strerror(errno ? errno : EIO));
     free(lg);
     free(ids);
     df_session_free(s);

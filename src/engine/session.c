@@ -89,7 +89,8 @@ int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, 
     if (n <= 0) return df_fail(err, DF_ERR_ARG, "nothing to evaluate");
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
-            return df_fail(err, DF_ERR_ARG, "token id %d at index %d is outside the vocabulary (0..%d)",
+            return df_fail(err, DF_ERR_ARG, "token id %d at index %d is outside the vocabulary of the model "
+                           "(0..%d, config.json's vocab_size)",
                            tokens[i], i, V - 1);
     if (s->seq->pos + n > s->max_ctx)
         return df_fail(err, DF_ERR_CONTEXT, "context full: %d + %d tokens exceed the %d-token context",
