@@ -305,6 +305,8 @@ expect_error prompt-tokens-empty-entry "^deltafin: --prompt-tokens: '1,,2' has a
     "$ENG" run --model "$GOOD" --prompt-tokens 1,,2
 expect_error prompt-tokens-trailing "^deltafin: --prompt-tokens: '1,2,' has an empty entry" \
     "$ENG" run --model "$GOOD" --prompt-tokens 1,2,
+expect_error value-is-option "^deltafin: --prompt needs a value \(got the option --stats" \
+    "$ENG" run --model "$GOOD" --prompt --stats
 # output lost to a full disk is an error, not exit 0
 expect_error events-full "^deltafin: /dev/full: writing the events failed: No space left on device" \
     "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 2 --events /dev/full

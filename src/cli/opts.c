@@ -179,6 +179,12 @@ static int one_option(const cli_cmd *cmd, void *dst, int argc, char **argv, int 
         cli_error("%s needs a value", o->name);
         return CLI_EXIT_BAD;
     }
+    /* "--prompt --stats": the value forgotten, the next option taken for it
+     * (--opt=VALUE still passes a value that looks like an option) */
+    if (!eq && !strncmp(v, "--", 2) && lookup(cmd, v, strcspn(v, "="))) {
+        cli_error("%s needs a value (got the option %s; write %s=%s if that is the value)", o->name, v, o->name, v);
+        return CLI_EXIT_BAD;
+    }
     return o->set(o, dst, v) ? CLI_EXIT_BAD : 0;
 }
 
