@@ -205,7 +205,8 @@ static int32_t *prompt_ids(run *r, batch_job *j, int *n_out) {
     if (rc) snprintf(msg, sizeof msg, "%s", err.msg);
     else if (n == 0) snprintf(msg, sizeof msg, "the prompt is empty");
     else if (n >= (size_t)r->ctx)
-        snprintf(msg, sizeof msg, "the prompt is %zu tokens; the context is %d tokens (--ctx)", n, r->ctx);
+        snprintf(msg, sizeof msg, "the prompt is %zu tokens; the context is %d tokens (--ctx), which leaves no "
+                 "room for a new one", n, r->ctx);
     for (size_t i = 0; i < n && !*msg; i++)
         if (ids[i] < 0 || ids[i] >= r->info->vocab_size)
             snprintf(msg, sizeof msg, "the prompt's token %zu is id %d, outside the model's vocabulary (%d tokens)",

@@ -420,7 +420,8 @@ static bool parse_part_body(json_t *dt, json_t *sh, json_t *nb, df_pack_part *pt
         want *= (unsigned __int128)v;
     }
     if (n <= 0 || n > ((long long)1 << 50)) return BAD_PART("nbytes %lld is outside 1..2^50", n);
-    if (want != (unsigned __int128)n) return BAD_PART("nbytes %lld is not what its %.12s shape holds", n, json_string_value(dt));
+    if (want != (unsigned __int128)n)
+        return BAD_PART("nbytes %lld is not what its %.12s shape holds", n, json_string_value(dt));
     pt->nbytes = (uint64_t)n;
     pt->dtype = (df_dtype)d;
     pt->ndim = (int)nd;

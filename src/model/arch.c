@@ -48,5 +48,6 @@ int df_plan_linear(df_plan_ctx *p, int rows, int cols, const char *fmt, ...) {
 int df_plan_spine(df_plan_ctx *p) {
     const df_config *c = p->c;
     p->bytes += 2 * (uint64_t)c->vocab_size * (uint64_t)c->hidden_size + 2 * (uint64_t)c->hidden_size;
-    return c->tie_word_embeddings ? DF_OK : df_plan_linear(p, c->vocab_size, c->hidden_size, "%slm_head", c->tensor_prefix);
+    if (c->tie_word_embeddings) return DF_OK;
+    return df_plan_linear(p, c->vocab_size, c->hidden_size, "%slm_head", c->tensor_prefix);
 }

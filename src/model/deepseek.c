@@ -587,13 +587,12 @@ static int plan_attention(df_plan_ctx *p, int li) {
     const char *pre = c->tensor_prefix;
     int H = c->hidden_size, nh = c->num_attention_heads, qd = nh * c->head_dim, kvl = c->kv_lora_rank;
     p->bytes += 2 * (2 * (uint64_t)H + (uint64_t)c->q_lora_rank + (uint64_t)kvl);
-    int rc = (c->q_lora_rank ? df_plan_linear(p, c->q_lora_rank, H, "%smodel.layers.%d.self_attn.q_a_proj", pre, li) ||
-                                   df_plan_linear(p, qd, c->q_lora_rank, "%smodel.layers.%d.self_attn.q_b_proj", pre, li)
-                             : df_plan_linear(p, qd, H, "%smodel.layers.%d.self_attn.q_proj", pre, li)) ||
-             df_plan_linear(p, kvl + c->qk_rope_head_dim, H, "%smodel.layers.%d.self_attn.kv_a_proj_with_mqa", pre, li) ||
-             df_plan_linear(p, nh * (c->qk_nope_head_dim + c->v_head_dim), kvl, "%smodel.layers.%d.self_attn.kv_b_proj",
-                            pre, li) ||
-             df_plan_linear(p, H, nh * c->v_head_dim, "%smodel.layers.%d.self_attn.o_proj", pre, li);
+    int r = c->q_lora_rank, kv = nh * (c->qk_nope_head_dim + c->v_head_dim);
+#define LIN(rows, cols, name) df_plan_linear(p, rows, cols, "%smodel.layers.%d.self_attn." name, pre, li)
+    int rc = (r ? LIN(r, H, "q_a_proj") || LIN(qd, r, "q_b_proj") : LIN(qd, H, "q_proj")) ||
+             LIN(kvl + c->qk_rope_head_dim, H, "kv_a_proj_with_mqa") || LIN(kv, kvl, "kv_b_proj") ||
+             LIN(H, nh * c->v_head_dim, "o_proj");
+#undef LIN
     return rc ? p->err->code : DF_OK;
 }
 

@@ -456,7 +456,8 @@ static void inspect(const df_model *m, FILE *f) {
  * (seq_bytes) per token. */
 static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *err) {
     df_plan_ctx pc = {c, q, err, 0}, *p = &pc;
-    int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = kv_dim(c), I = c->intermediate_size;
+    int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = kv_dim(c);
+    int I = c->intermediate_size;
     int rc = df_plan_spine(p);
     for (int li = 0; li < c->num_hidden_layers && !rc; li++) {
         p->bytes += 2 * (2 * (uint64_t)H + 2 * (uint64_t)hd); /* input, post-attention, q and k norms */

@@ -299,7 +299,8 @@ int32_t *srv_job_prompt(job *j, size_t *n_out, int *max_new_out) {
     }
     if (n >= (size_t)ctx) {
         free(ids);
-        job_fail(j, 400, pparam, "the prompt is %zu tokens; the context is %d tokens", n, ctx);
+        job_fail(j, 400, pparam, "the prompt is %zu tokens; the context is %d tokens, which leaves no room for a "
+                 "new one", n, ctx);
         return NULL;
     }
     int room = ctx - (int)n, def = g_srv.cfg.max_new;
