@@ -85,6 +85,7 @@ run_counted reference-kimi $PY tests/ref/check_model.py --suite --set kimi --eng
 run_counted replay-reference $PY tests/ref/check_replay.py --engine "$B/deltafin-san" --dir "$DF_TEST_MODELS"
 run_counted demo-models $PY tests/demo/check_demo.py --engine "$B/deltafin-san"
 run_counted cli bash tests/test_cli.sh "$B/deltafin-san"
+run_counted cli-families bash tests/test_cli_families.sh "$B/deltafin-san"
 run_counted real-layout bash tests/test_real_layout.sh "$B/deltafin-san"
 run_counted budget bash tests/test_budget.sh "$B/deltafin"
 # resumable batch jobs under kill -9 (the release build: the kills need a run of a few seconds)
