@@ -55,6 +55,15 @@ $(B)/san/%.o: %.c $(wildcard include/*.h) $(shell find src -name '*.h')
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -O1 -g $(SAN_FLAGS) $(call isa_flags,$<) -c $< -o $@
 
+# The commit `deltafin --version` names (git describe; "unknown" outside a git
+# checkout): $(B)/rev.h, rewritten only when it changes, so only main.c rebuilds.
+.PHONY: FORCE
+$(B)/rev.h: FORCE
+	@mkdir -p $(B); r=$$(git describe --always --dirty 2>/dev/null || echo unknown); \
+	printf '#define DF_REV "%s"\n' "$$r" >$@.tmp; if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(B)/rel/src/cli/main.o $(B)/san/src/cli/main.o: $(B)/rev.h
+$(B)/rel/src/cli/main.o $(B)/san/src/cli/main.o: BASE_CFLAGS += -I$(B)
+
 $(B)/libdeltafin.a: $(REL_OBJ)
 	@rm -f $@; ar rcs $@ $^
 

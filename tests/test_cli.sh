@@ -23,6 +23,7 @@ for c in run inspect tokenize logits pack cache-sim serve batch bench; do
     if "$ENG" $c --help >"$T/out" 2>&1 && grep -q usage "$T/out"; then ok "help-$c"; else bad "help-$c" "no usage"; fi
 done
 "$ENG" --help >/dev/null 2>&1 && ok help-main || bad help-main "exit $?"
+v=$("$ENG" --version 2>&1) && [[ "$v" =~ ^deltafin\ \(git\ [0-9a-f]{7,}(-dirty)?\)$|^deltafin\ \(git\ unknown\)$ ]] && ok version || bad version "'$v'"
 for c in run logits serve; do
     if "$ENG" bench $c --help >"$T/out" 2>&1 && grep -q "usage: deltafin bench $c" "$T/out" \
        && grep -q -- "--replay-routing\|--prefetch-depth" "$T/out"; then ok "help-bench-$c"; else bad "help-bench-$c" "no usage"; fi

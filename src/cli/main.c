@@ -8,13 +8,14 @@
  * 1 an unexpected runtime failure.
  */
 #include "cli/cli.h"
+#include "rev.h" /* DF_REV: the build's commit (Makefile) */
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
 static const char MAIN_HELP[] =
-    "usage: deltafin COMMAND [options]    (deltafin COMMAND --help for details)\n"
+    "usage: deltafin COMMAND [options]    (deltafin COMMAND --help for details; deltafin --version)\n"
     "\n"
     "commands:\n"
     "  run        generate text from a prompt\n"
@@ -40,6 +41,10 @@ static const struct {
 };
 
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        printf("deltafin (git %s)\n", DF_REV);
+        return 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(MAIN_HELP, stdout);
         return argc < 2 ? CLI_EXIT_BAD : 0;
