@@ -180,6 +180,7 @@ expect err-stop-count 400 stop $C "{\"model\":\"m\",$MSG,\"stop\":[\"a\",\"b\",\
 expect err-role 400 messages $C '{"model":"m","messages":[{"role":"wizard","content":"hi"}]}'
 expect err-thinking-type 400 chat_template_kwargs.enable_thinking $C \
     "{\"model\":\"m\",$MSG,\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}"
+expect err-max-tokens-conflict 400 max_completion_tokens $C "{\"model\":\"m\",$MSG,\"max_tokens\":3,\"max_completion_tokens\":4}"
 expect err-nul 400 "" $C '{"model":"m","messages":[{"role":"user","content":"a\u0000b"}]}'
 grep -q 'NUL character) is not allowed in a string' "$T/body" && ! grep -q JSON_ALLOW_NUL "$T/body" && ok err-nul-message \
     || bad err-nul-message "$(head -c 300 "$T/body")"

@@ -237,6 +237,10 @@ static int parse_fields(json_t *root, srv_request *r, srv_error *e) {
             if (is_null(v)) continue;
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
                 return fail(e, key, "'%s' must be an integer between 1 and %d", key, 1 << 24);
+            /* both given (max_tokens is the older name of the same limit): they must agree */
+            if (r->max_tokens >= 0 && r->max_tokens != (int)json_integer_value(v))
+                return fail(e, key, "'max_tokens' and 'max_completion_tokens' disagree (%d and %d): give one",
+                            r->max_tokens, (int)json_integer_value(v));
             r->max_tokens = (int)json_integer_value(v);
         } else if (!strcmp(key, "temperature")) {
             if (is_null(v)) continue;
