@@ -299,7 +299,7 @@ expect_error fifo-batch-input "^deltafin: --input: .*jobs.fifo: not a regular fi
 # an option whose value would be ignored or is out of range is refused, naming it
 expect_error temp-range "^deltafin: --temp expects a number >= 0, got '-1'" "$ENG" run --model "$GOOD" --prompt-tokens 1 --temp -1
 expect_error top-p-range "^deltafin: --top-p expects a number in \(0, 1\], got '0'" "$ENG" run --model "$GOOD" --prompt-tokens 1 --top-p 0
-expect_error io-bw-range "^deltafin: --io-bw expects a number above 0, got '-1'" "$ENG" run --model "$GOOD" --prompt-tokens 1 --io-bw -1
+expect_error io-bw-range "^deltafin: --io-bw expects a number >= 0, got '-1'" "$ENG" run --model "$GOOD" --prompt-tokens 1 --io-bw -1
 expect_error system-needs-chat "^deltafin: --system needs --chat" "$ENG" run --model "$GOOD" --prompt hi --system s
 expect_error tokenize-system-needs-chat "^deltafin: --system needs --chat" "$ENG" tokenize --model "$GOOD" --text hi --system s
 expect_error pin-needs-experts "^deltafin: --pin needs --experts" "$ENG" run --model "$GOOD" --prompt-tokens 1 --pin 1M

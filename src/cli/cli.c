@@ -144,7 +144,7 @@ const cli_opt CLI_OPTS[] = {
     {"--config-only", NULL, "inspect: from config.json alone (the tensors need not exist): sizes\n"
      "as shipped and, with --ram and --drive-bw, the expected decode speed", cli_set_true, F(config_only), 0, 0},
     {"--ram", "SIZE", "inspect --config-only: the machine's RAM", cli_set_size, F(ram), 0, 0},
-    {"--drive-bw", "GB/S", "inspect --config-only: the drives' read bandwidth, all together", cli_set_positive,
+    {"--drive-bw", "GB/S", "inspect --config-only: the drives' read bandwidth, all together", cli_set_nonneg,
      F(drive_bw), 0, 0},
     {"--policy", "P", "expert cache policy: deltafin (default) or lru", cli_set_str, F(policy), 0, 0},
     {"--prefetch", "MODE", "read predicted experts ahead of need: on (per layer the better\n"
@@ -162,7 +162,7 @@ const cli_opt CLI_OPTS[] = {
     {"--rank0-experts", "yes|no", "--experts-by-rank: whether rank 0 owns experts too (default yes)",
      set_rank0_experts, 0, 0, 0},
     {"--rank-bandwidth", "GB/S", "--experts-by-rank: this rank's drive bandwidth for the plan\n"
-     "(default: measured on its pack)", cli_set_positive, F(rank_bw), 0, 0},
+     "(default or 0: measured on its pack)", cli_set_nonneg, F(rank_bw), 0, 0},
     {"--prompt-cache", "DIR", "keep session states in DIR, keyed by the model and the tokens\n"
      "before them: a prompt that starts like an earlier one (also\n"
      "after a restart, or from another process) prefills only the\n"
@@ -209,7 +209,8 @@ const cli_opt CLI_OPTS[] = {
      "bytes read, cache hits/misses, read wait vs compute, bandwidth", cli_set_true, F(stats), 0, 0},
     {"--events", "FILE", "the same statistics as JSON lines", cli_set_str, F(events), 0, 0},
     {"--io-bw", "GB/S", "measured device bandwidth: --stats then reports the I/O bound\n"
-     "(bandwidth / bytes missed per token) and the fraction reached", cli_set_positive, F(io_bw), 0, 0},
+     "(bandwidth / bytes missed per token) and the fraction reached\n"
+     "(0: none)", cli_set_nonneg, F(io_bw), 0, 0},
     /* speculative decoding */
     {"--draft", "DIR|lookup", "speculative decoding, same output as without: DIR is a draft\n"
      "checkpoint sharing the target's tokenizer (run in RAM), lookup\n"

@@ -115,6 +115,17 @@ int cli_set_positive(const cli_opt *o, void *dst, const char *v) {
     return 0;
 }
 
+int cli_set_nonneg(const cli_opt *o, void *dst, const char *v) {
+    float x;
+    if (parse_float(o, v, &x)) return 1;
+    if (!(x >= 0)) {
+        cli_error("%s expects a number >= 0, got '%s'", o->name, v);
+        return 1;
+    }
+    *AT(float) = x;
+    return 0;
+}
+
 int cli_set_share(const cli_opt *o, void *dst, const char *v) {
     float x;
     if (parse_float(o, v, &x)) return 1;

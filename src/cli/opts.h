@@ -42,6 +42,7 @@ int cli_set_size(const cli_opt *o, void *dst, const char *v);   /* uint64_t, 512
 int cli_set_float(const cli_opt *o, void *dst, const char *v);  /* float, finite */
 int cli_set_share(const cli_opt *o, void *dst, const char *v);  /* double, in (0, 1] (parsed as float) */
 int cli_set_positive(const cli_opt *o, void *dst, const char *v); /* float, finite, > 0 */
+int cli_set_nonneg(const cli_opt *o, void *dst, const char *v);   /* float, finite, >= 0 (0: the default) */
 
 #define CLI_FIELD(type, f) offsetof(type, f)
 
