@@ -16,37 +16,23 @@
 
 /* ---- setters with more to them than the field ------------------------------------ */
 
-/* A float option whose value must pass ok (what: the range, for the error;
- * the sampler checks the same and would name its own field). */
-static int set_ranged(const cli_opt *o, void *dst, const char *v, bool (*ok)(float), const char *what) {
-    if (cli_set_float(o, dst, v)) return 1;
-    if (!ok(*(float *)((char *)dst + o->off))) {
-        cli_error("%s expects %s, got '%s'", o->name, what, v);
-        return 1;
-    }
-    return 0;
-}
-static bool nonneg(float x) { return x >= 0; }
+/* The sampling options' ranges are checked here, naming the option (the
+ * sampler checks the same and would name its own field). */
 static bool unit_open_low(float x) { return x > 0 && x <= 1; }
 static bool unit_open_high(float x) { return x >= 0 && x < 1; }
-static bool positive(float x) { return x > 0; }
 
 static int set_temp(const cli_opt *o, void *dst, const char *v) {
     A(dst)->temp_set = true;
-    return set_ranged(o, dst, v, nonneg, "a number >= 0");
+    return cli_set_nonneg(o, dst, v);
 }
 
 static int set_top_p(const cli_opt *o, void *dst, const char *v) {
     A(dst)->top_p_set = true;
-    return set_ranged(o, dst, v, unit_open_low, "a number in (0, 1]");
+    return cli_set_float_if(o, dst, v, unit_open_low, "a number in (0, 1]");
 }
 
 static int set_min_p(const cli_opt *o, void *dst, const char *v) {
-    return set_ranged(o, dst, v, unit_open_high, "a number in [0, 1)");
-}
-
-static int set_repeat_penalty(const cli_opt *o, void *dst, const char *v) {
-    return set_ranged(o, dst, v, positive, "a number above 0");
+    return cli_set_float_if(o, dst, v, unit_open_high, "a number in [0, 1)");
 }
 
 static int set_top_k(const cli_opt *o, void *dst, const char *v) {
@@ -198,7 +184,7 @@ const cli_opt CLI_OPTS[] = {
      "request's own value wins)", set_top_p, F(sp.top_p), 0, 0},
     {"--min-p", "P", "drop tokens less likely than P times the most likely (0: off)", set_min_p,
      F(sp.min_p), 0, 0},
-    {"--repeat-penalty", "R", "divide the logits of recent tokens by R (1: off)", set_repeat_penalty,
+    {"--repeat-penalty", "R", "divide the logits of recent tokens by R (1: off)", cli_set_positive,
      F(sp.repeat_penalty), 0, 0},
     {"--repeat-last-n", "N", "the tokens --repeat-penalty looks back over (0: all)", cli_set_int,
      F(sp.repeat_last_n), 0, INT_MAX},
@@ -411,6 +397,14 @@ int cli_reserve_draft(df_engine_opts *eo, const char *draft, int draft_k, char *
     snprintf(what, what_size, "the draft %s", strcmp(draft, "lookup") ? draft : "(lookup)");
     eo->reserve_for = what;
     return DF_OK;
+}
+
+int cli_parallel_opts(const cli_args *a, int n, df_engine_opts *eo, char *what, size_t what_size, df_error *err) {
+    *eo = cli_engine_opts(a);
+    eo->sessions = n;
+    int rc = cli_reserve_draft(eo, a->draft, a->draft_k, what, what_size, err);
+    eo->reserve_bytes *= (uint64_t)n;
+    return rc;
 }
 
 void cli_get_stats(const df_engine *e, const cli_dev *dev, cli_stats *o) {

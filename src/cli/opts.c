@@ -104,26 +104,26 @@ int cli_set_float(const cli_opt *o, void *dst, const char *v) {
     return parse_float(o, v, AT(float));
 }
 
-int cli_set_positive(const cli_opt *o, void *dst, const char *v) {
+int cli_set_float_if(const cli_opt *o, void *dst, const char *v, bool (*ok)(float), const char *what) {
     float x;
     if (parse_float(o, v, &x)) return 1;
-    if (!(x > 0)) {
-        cli_error("%s expects a number above 0, got '%s'", o->name, v);
+    if (!ok(x)) {
+        cli_error("%s expects %s, got '%s'", o->name, what, v);
         return 1;
     }
     *AT(float) = x;
     return 0;
 }
 
+static bool positive(float x) { return x > 0; }
+static bool nonneg(float x) { return x >= 0; }
+
+int cli_set_positive(const cli_opt *o, void *dst, const char *v) {
+    return cli_set_float_if(o, dst, v, positive, "a number above 0");
+}
+
 int cli_set_nonneg(const cli_opt *o, void *dst, const char *v) {
-    float x;
-    if (parse_float(o, v, &x)) return 1;
-    if (!(x >= 0)) {
-        cli_error("%s expects a number >= 0, got '%s'", o->name, v);
-        return 1;
-    }
-    *AT(float) = x;
-    return 0;
+    return cli_set_float_if(o, dst, v, nonneg, "a number >= 0");
 }
 
 int cli_set_share(const cli_opt *o, void *dst, const char *v) {

@@ -43,6 +43,9 @@ int cli_set_float(const cli_opt *o, void *dst, const char *v);  /* float, finite
 int cli_set_share(const cli_opt *o, void *dst, const char *v);  /* double, in (0, 1] (parsed as float) */
 int cli_set_positive(const cli_opt *o, void *dst, const char *v); /* float, finite, > 0 */
 int cli_set_nonneg(const cli_opt *o, void *dst, const char *v);   /* float, finite, >= 0 (0: the default) */
+/* float, finite, and ok(x); else an error saying the value must be `what`
+ * ("a number in (0, 1]"): the setters of ranged float options are made of it */
+int cli_set_float_if(const cli_opt *o, void *dst, const char *v, bool (*ok)(float), const char *what);
 
 #define CLI_FIELD(type, f) offsetof(type, f)
 
