@@ -332,18 +332,15 @@ static void run_jobs(run *r) {
     }
 }
 
-/* The engine, sized as serve's: a --ram-budget holds n sequences' state and
- * one set of work buffers (the batcher's) beside the always-active weights
- * (df_engine_opts.sessions), and a drafter per slot; the expert cache gets
- * what they leave. */
+/* The engine, sized as serve's (cli_parallel_opts): a --ram-budget holds n
+ * sequences' state, one set of work buffers and a drafter per slot beside the
+ * always-active weights; the expert cache gets what they leave. */
 static df_engine *open_engine(const cli_args *a, int n) {
     if (!a->model) cli_die("--model DIR is required (a Hugging Face checkpoint directory)");
-    df_engine_opts eo = cli_engine_opts(a);
-    eo.sessions = n;
+    df_engine_opts eo;
     df_error err;
     static char what[600];
-    if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) cli_die_err(&err);
-    eo.reserve_bytes *= (uint64_t)n; /* a drafter per slot */
+    if (cli_parallel_opts(a, n, &eo, what, sizeof what, &err)) cli_die_err(&err);
     df_engine *e;
     if (df_engine_open(&e, &eo, &err)) cli_die_err(&err);
     cli_serve_rank(e);

@@ -90,6 +90,10 @@ void cli_die_err(const df_error *e) __attribute__((noreturn));
  * written in `what`, so the target's expert cache gets what they leave. */
 int cli_reserve_draft(df_engine_opts *eo, const char *draft, int draft_k, char *what, size_t what_size,
                       df_error *err);
+/* The engine options of n sequences decoded at once (serve, batch): n
+ * sessions' state and one set of work buffers in --ram-budget
+ * (df_engine_opts.sessions), and a drafter per slot (cli_reserve_draft). */
+int cli_parallel_opts(const cli_args *a, int n, df_engine_opts *eo, char *what, size_t what_size, df_error *err);
 
 /* ---- statistics, as run's --stats and --events print them (report.c) ---- */
 

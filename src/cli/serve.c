@@ -104,12 +104,10 @@ static void free_specs(df_spec **specs, int n) {
 
 /* The engine and a drafter per slot; nonzero: the exit status (said why). */
 static int open_engine(const cli_args *a, const cli_dev *dev, df_engine **eng, df_spec ***specs) {
-    df_engine_opts eo = cli_engine_opts(a);
-    eo.sessions = a->parallel; /* each request in the batch has its own session */
+    df_engine_opts eo; /* each request in the batch has its own session, and a drafter per slot */
     df_error err;
     char what[600], both[700];
-    if (cli_reserve_draft(&eo, a->draft, a->draft_k, what, sizeof what, &err)) return start_failed(&err);
-    eo.reserve_bytes *= (uint64_t)a->parallel; /* a drafter per slot (lookup: its context copy and rows) */
+    if (cli_parallel_opts(a, a->parallel, &eo, what, sizeof what, &err)) return start_failed(&err);
     if (a->prompt_cache) { /* the RAM tier is part of what the budget holds */
         eo.prompt_cache_ram = a->prompt_cache_ram >= 0 ? (uint64_t)a->prompt_cache_ram : DEFAULT_PC_RAM;
         if (eo.ram_budget && eo.prompt_cache_ram) {
