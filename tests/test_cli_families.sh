@@ -383,7 +383,9 @@ for m in engine-dense engine-moe engine-ds engine-ds-v2 engine-fp8-ds engine-kim
     fa=$(echo "$full" | sed -n 's/^bytes: .*always-active [^(]*(\([0-9]*\)).*/\1/p')
     pe=$(echo "$plan" | sed -n 's/^routed experts .*(\([0-9]*\) B)$/\1/p')
     fe=$(echo "$full" | sed -n 's/^bytes: .*routed experts [^(]*(\([0-9]*\)).*/\1/p')
-    [ $m = engine-int4-kimi ] && fe=$((fe + 8 * 3 * 32 * 1))  # 32 experts x 3 matrices x 8 B, 1 MoE layer
+    # INT4: each matrix's weight_shape (I32 [2], 8 B) is in the plan's expert, not in inspect's expert bytes
+    px=$(echo "$plan" | sed -n 's/^one routed expert .*(\([0-9]*\) B)$/\1/p')
+    [ $m = engine-int4-kimi ] && [ -n "$px" ] && fe=$((fe + 3 * 8 * pe / px))
     if [ -n "$pa" ] && [ "$pa" = "$fa" ] && [ "${pe:-x}" = "${fe:-0}" ]; then ok "config-only-$m"
     else bad "config-only-$m" "plan $pa / $pe vs checkpoint $fa / $fe: $plan"; fi
 done

@@ -45,6 +45,18 @@ int df_plan_linear(df_plan_ctx *p, int rows, int cols, const char *fmt, ...) {
     return rc;
 }
 
+int df_plan_swiglu(df_plan_ctx *p, int I, const char *fmt, ...) {
+    char m[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    int rc, H = p->c->hidden_size;
+    if ((rc = df_plan_linear(p, I, H, "%s.gate_proj", m)) || (rc = df_plan_linear(p, I, H, "%s.up_proj", m)))
+        return rc;
+    return df_plan_linear(p, H, I, "%s.down_proj", m);
+}
+
 int df_plan_spine(df_plan_ctx *p) {
     const df_config *c = p->c;
     p->bytes += 2 * (uint64_t)c->vocab_size * (uint64_t)c->hidden_size + 2 * (uint64_t)c->hidden_size;

@@ -37,6 +37,9 @@ typedef struct df_plan_ctx {
 /* + the nn.Linear named by fmt (a tensor name without ".weight"), [rows x
  * cols] in the format the quantization_config gives it (BF16 without one). */
 int df_plan_linear(df_plan_ctx *p, int rows, int cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* + a SwiGLU's gate_proj and up_proj [I x hidden] and down_proj [hidden x I]
+ * under the module fmt names (without a trailing '.'). */
+int df_plan_swiglu(df_plan_ctx *p, int I, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* + the embedding, the final norm and the LM head (none when tied), BF16. */
 int df_plan_spine(df_plan_ctx *p);
 

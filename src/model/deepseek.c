@@ -596,16 +596,6 @@ static int plan_attention(df_plan_ctx *p, int li) {
     return rc ? p->err->code : DF_OK;
 }
 
-/* gate, up and down of width I under `what` (load_swiglu). */
-static int plan_swiglu(df_plan_ctx *p, int li, const char *what, int I) {
-    const char *pre = p->c->tensor_prefix;
-    int H = p->c->hidden_size;
-    int rc = df_plan_linear(p, I, H, "%smodel.layers.%d.%s.gate_proj", pre, li, what) ||
-             df_plan_linear(p, I, H, "%smodel.layers.%d.%s.up_proj", pre, li, what) ||
-             df_plan_linear(p, H, I, "%smodel.layers.%d.%s.down_proj", pre, li, what);
-    return rc ? p->err->code : DF_OK;
-}
-
 /* The tensors load() reads, as shipped (the router BF16, its bias F32), the
  * latent cache (seq_bytes) per token. */
 static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *err) {
@@ -614,18 +604,19 @@ static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *e
     for (int li = 0; li < c->num_hidden_layers && !rc; li++) {
         if ((rc = plan_attention(p, li))) break;
         if (!c->layer_is_moe[li]) {
-            rc = plan_swiglu(p, li, "mlp", c->intermediate_size);
+            rc = df_plan_swiglu(p, c->intermediate_size, "%smodel.layers.%d.mlp", c->tensor_prefix, li);
             continue;
         }
         if (first < 0) first = li;
         p->bytes += 2 * (uint64_t)c->num_experts * (uint64_t)c->hidden_size;
         if (c->topk_method == DF_TOPK_NOAUX_TC) p->bytes += 4 * (uint64_t)c->num_experts;
-        if (S) rc = plan_swiglu(p, li, "mlp.shared_experts", S);
+        if (S) rc = df_plan_swiglu(p, S, "%smodel.layers.%d.mlp.shared_experts", c->tensor_prefix, li);
     }
     if (rc) return rc;
     out->active = p->bytes;
     p->bytes = 0;
-    if (first >= 0 && c->num_experts > 0 && (rc = plan_swiglu(p, first, "mlp.experts.0", c->moe_intermediate_size)))
+    if (first >= 0 && c->num_experts > 0 &&
+        (rc = df_plan_swiglu(p, c->moe_intermediate_size, "%smodel.layers.%d.mlp.experts.0", c->tensor_prefix, first)))
         return rc;
     out->expert = p->bytes;
     out->state_fixed = 0;

@@ -560,18 +560,13 @@ static int plan_ffn(df_plan_ctx *p, int li) {
     const df_config *c = p->c;
     char b[160];
     int rc, H = c->hidden_size, X = c->moe_latent_size;
-    if (!c->layer_is_moe[li]) {
-        int I = c->intermediate_size;
-        snprintf(b, sizeof b, "%smodel.layers.%d.mlp", c->tensor_prefix, li);
-        rc = PM(I, H, "%s.gate_proj", b) || PM(I, H, "%s.up_proj", b) || PM(H, I, "%s.down_proj", b);
-        return rc ? p->err->code : DF_OK;
-    }
+    if (!c->layer_is_moe[li])
+        return df_plan_swiglu(p, c->intermediate_size, "%smodel.layers.%d.mlp", c->tensor_prefix, li);
     int S = c->n_shared_experts * c->moe_intermediate_size;
     snprintf(b, sizeof b, "%smodel.layers.%d.block_sparse_moe", c->tensor_prefix, li);
     p->bytes += 2 * (uint64_t)c->num_experts * (uint64_t)H + 4 * (uint64_t)c->num_experts; /* router, bias */
-    rc = (S && (PM(S, H, "%s.shared_experts.gate_proj", b) || PM(S, H, "%s.shared_experts.up_proj", b) ||
-                PM(H, S, "%s.shared_experts.down_proj", b))) ||
-         (X && (PM(X, H, "%s.routed_expert_down_proj", b) || PM(H, X, "%s.routed_expert_up_proj", b)));
+    if (S && (rc = df_plan_swiglu(p, S, "%s.shared_experts", b))) return rc;
+    rc = X && (PM(X, H, "%s.routed_expert_down_proj", b) || PM(H, X, "%s.routed_expert_up_proj", b));
     if (X && c->moe_latent_norm) p->bytes += 2 * (uint64_t)X;
     return rc ? p->err->code : DF_OK;
 }

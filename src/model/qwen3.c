@@ -467,9 +467,7 @@ static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *e
              df_plan_linear(p, kvd, H, "model.layers.%d.self_attn.v_proj", li) ||
              df_plan_linear(p, H, qd, "model.layers.%d.self_attn.o_proj", li) ||
              (c->layer_is_moe[li] ? df_plan_linear(p, c->num_experts, H, "model.layers.%d.mlp.gate", li)
-                                  : df_plan_linear(p, I, H, "model.layers.%d.mlp.gate_proj", li) ||
-                                        df_plan_linear(p, I, H, "model.layers.%d.mlp.up_proj", li) ||
-                                        df_plan_linear(p, H, I, "model.layers.%d.mlp.down_proj", li));
+                                  : df_plan_swiglu(p, I, "model.layers.%d.mlp", li));
     }
     if (rc) return err->code;
     out->active = p->bytes;
@@ -477,10 +475,8 @@ static int plan(const df_config *c, const df_quant *q, df_plan *out, df_error *e
     int first = 0, mI = c->moe_intermediate_size;
     while (first < c->num_hidden_layers && !c->layer_is_moe[first]) first++;
     if (c->num_experts > 0 && first < c->num_hidden_layers &&
-        (df_plan_linear(p, mI, H, "model.layers.%d.mlp.experts.0.gate_proj", first) ||
-         df_plan_linear(p, mI, H, "model.layers.%d.mlp.experts.0.up_proj", first) ||
-         df_plan_linear(p, H, mI, "model.layers.%d.mlp.experts.0.down_proj", first)))
-        return err->code;
+        (rc = df_plan_swiglu(p, mI, "model.layers.%d.mlp.experts.0", first)))
+        return rc;
     out->expert = p->bytes;
     out->state_fixed = 0;
     out->state_per_token = (uint64_t)c->num_hidden_layers * df_kv_state_bytes(1, kvd);
