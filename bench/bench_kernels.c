@@ -16,9 +16,9 @@
  *    read bandwidth measured between the rounds; `cached`: the same product
  *    on the first rows only, which stay in the caches (about 1 MiB per
  *    thread), timed in each round too, and c/membw, that speed over the read
- *    bandwidth: below 1
- *    the decoding alone cannot keep up with memory (compute-bound), above 1
- *    a shortfall of of_membw is in overlapping the reads with the work.
+ *    bandwidth: below 1 the decoding alone cannot keep up with memory
+ *    (compute-bound), above 1 a shortfall of of_membw is in overlapping the
+ *    reads with the work.
  *    --tokens 1,2,8 picks the batch sizes (default 1); the C path only with
  *    --isa c.
  *
@@ -293,13 +293,13 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
         uint64_t packed;
         /* the buffer doubles as the bandwidth pass's: refilled per format */
         int nv = fm_views(fmts[fi], (uint8_t *)buf, mem_mib << 20, v, MAXV, &packed);
+        uint64_t cpacked;
+        df_wview cv = cached_rows(&v[0], threads, &cpacked);
         for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
             if (only_isa >= 0 ? isa != only_isa : isa == DF_ISA_C) continue;
             df_isa_set((df_isa)isa);
             for (int ti = 0; ti < nt; ti++) {
                 double budget = isa == DF_ISA_C ? 0.5 : 0.25;
-                uint64_t cpacked;
-                df_wview cv = cached_rows(&v[0], threads, &cpacked);
                 struct mm_res r = bench_views(pool, v, nv, packed, ts[ti], x, y, buf, mem_mib < 256 ? mem_mib : 256, budget,
                                               isa == DF_ISA_C ? 3 : 7, &cv, cpacked);
                 double c = r.cached_gbs;

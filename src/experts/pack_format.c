@@ -398,30 +398,32 @@ static const char *intern(pk_manifest *mf, const char *name) {
 /* Why a record is malformed: a short phrase into a buffer of WHY bytes. */
 #define WHY 160
 #define PART_WHY 80 /* a part's, which its record's prefixes */
-#define BAD(...) (snprintf(why, WHY, __VA_ARGS__), false)
-#define BAD_PART(...) (snprintf(why, PART_WHY, __VA_ARGS__), false)
+#define MALFORMED(...) (snprintf(why, WHY, __VA_ARGS__), false)
+#define MALFORMED_PART(...) (snprintf(why, PART_WHY, __VA_ARGS__), false)
 
 /* dtype, shape and nbytes of a part: nbytes must be the shape's bytes. */
 static bool parse_part_body(json_t *dt, json_t *sh, json_t *nb, df_pack_part *pt, char *why) {
     if (!json_is_string(dt) || !json_is_array(sh) || !json_is_integer(nb))
-        return BAD_PART("not [dtype, shape, nbytes]");
+        return MALFORMED_PART("not [dtype, shape, nbytes]");
     size_t nd = json_array_size(sh);
     int d = df_dtype_from_name(json_string_value(dt));
-    if (d < 0) return BAD_PART("unknown dtype '%.20s'", json_string_value(dt));
-    if (nd < 1 || nd > DF_PACK_MAX_DIMS) return BAD_PART("its shape has %zu dimensions (1..%d)", nd, DF_PACK_MAX_DIMS);
+    if (d < 0) return MALFORMED_PART("unknown dtype '%.20s'", json_string_value(dt));
+    if (nd < 1 || nd > DF_PACK_MAX_DIMS)
+        return MALFORMED_PART("its shape has %zu dimensions (1..%d)", nd, DF_PACK_MAX_DIMS);
     long long n = json_integer_value(nb);
     /* every dimension < 2^31, at most 4 of them, dtype size <= 8: fits 2^127 */
     unsigned __int128 want = df_dtype_size((df_dtype)d);
     for (size_t k = 0; k < nd; k++) {
         json_t *x = json_array_get(sh, k);
         long long v = json_is_integer(x) ? json_integer_value(x) : 0;
-        if (v < 1 || v > INT32_MAX) return BAD_PART("shape[%zu] is not an integer in 1..%d", k, INT32_MAX);
+        if (v < 1 || v > INT32_MAX)
+            return MALFORMED_PART("shape[%zu] is not an integer in 1..%d", k, INT32_MAX);
         pt->shape[k] = v;
         want *= (unsigned __int128)v;
     }
-    if (n <= 0 || n > ((long long)1 << 50)) return BAD_PART("nbytes %lld is outside 1..2^50", n);
+    if (n <= 0 || n > ((long long)1 << 50)) return MALFORMED_PART("nbytes %lld is outside 1..2^50", n);
     if (want != (unsigned __int128)n)
-        return BAD_PART("nbytes %lld is not what its %.12s shape holds", n, json_string_value(dt));
+        return MALFORMED_PART("nbytes %lld is not what its %.12s shape holds", n, json_string_value(dt));
     pt->nbytes = (uint64_t)n;
     pt->dtype = (df_dtype)d;
     pt->ndim = (int)nd;
@@ -437,11 +439,11 @@ static bool parse_parts_v1(pk_manifest *mf, json_t *const *f, df_pack_part *part
         json_t *a = f[6 + k];
         if (!json_is_array(a) || json_array_size(a) != 3 || !json_is_array(json_array_get(a, 1)) ||
             json_array_size(json_array_get(a, 1)) != 2)
-            return BAD("column %d is not [dtype, [rows, cols], nbytes]", 7 + k);
+            return MALFORMED("column %d is not [dtype, [rows, cols], nbytes]", 7 + k);
         char sub[PART_WHY];
         if (!parse_part_body(json_array_get(a, 0), json_array_get(a, 1), json_array_get(a, 2), &parts[k], sub))
-            return BAD("column %d: %s", 7 + k, sub);
-        if (!(parts[k].name = intern(mf, v1_names[k]))) return BAD("too many part names");
+            return MALFORMED("column %d: %s", 7 + k, sub);
+        if (!(parts[k].name = intern(mf, v1_names[k]))) return MALFORMED("too many part names");
     }
     return true;
 }
@@ -451,14 +453,15 @@ static bool parse_parts_v2(pk_manifest *mf, json_t *a, df_pack_part *parts, char
     size_t np = json_array_size(a);
     for (size_t k = 0; k < np; k++) {
         json_t *p = json_array_get(a, k);
-        if (!json_is_array(p) || json_array_size(p) != 4) return BAD("part %zu is not [name, dtype, shape, nbytes]", k);
+        if (!json_is_array(p) || json_array_size(p) != 4)
+            return MALFORMED("part %zu is not [name, dtype, shape, nbytes]", k);
         json_t *nm = json_array_get(p, 0);
         if (!json_is_string(nm) || !(parts[k].name = intern(mf, json_string_value(nm))))
-            return BAD("part %zu: its name is not a string of 1..%d bytes (or there are more than %d names)", k,
-                       PK_MAX_NAME, PK_MAX_NAMES);
+            return MALFORMED("part %zu: its name is not a string of 1..%d bytes (or there are more than %d names)",
+                             k, PK_MAX_NAME, PK_MAX_NAMES);
         char sub[PART_WHY];
         if (!parse_part_body(json_array_get(p, 1), json_array_get(p, 2), json_array_get(p, 3), &parts[k], sub))
-            return BAD("part %zu ('%.40s'): %s", k, parts[k].name, sub);
+            return MALFORMED("part %zu ('%.40s'): %s", k, parts[k].name, sub);
     }
     return true;
 }
@@ -481,15 +484,16 @@ static bool parse_record(pk_manifest *mf, json_t *a, size_t i, df_pack_part *par
     for (size_t k = 0; k < nf; k++) f[k] = json_array_get(a, k);
     if (!json_is_integer(f[0]) || !json_is_integer(f[1]) || !json_is_integer(f[2]) ||
         !json_is_integer(f[3]) || !json_is_string(f[4]) || !json_is_string(f[5]))
-        return BAD("columns 1-4 must be integers (layer, expert, offset, length), 5-6 strings (checksums)");
+        return MALFORMED("columns 1-4 must be integers (layer, expert, offset, length), 5-6 strings (checksums)");
     long long layer = json_integer_value(f[0]), ex = json_integer_value(f[1]);
     long long off = json_integer_value(f[2]), ln = json_integer_value(f[3]);
-    if (layer < 0 || layer >= mf->n_layers) return BAD("layer %lld is outside 0..%d", layer, mf->n_layers - 1);
-    if (ex < 0 || ex >= mf->n_experts) return BAD("expert %lld is outside 0..%d", ex, mf->n_experts - 1);
-    if (off < 0) return BAD("offset %lld is negative", off);
-    if (ln <= 0 || ln >= ((long long)1 << 52)) return BAD("length %lld is outside 1..2^52", ln);
+    if (layer < 0 || layer >= mf->n_layers)
+        return MALFORMED("layer %lld is outside 0..%d", layer, mf->n_layers - 1);
+    if (ex < 0 || ex >= mf->n_experts) return MALFORMED("expert %lld is outside 0..%d", ex, mf->n_experts - 1);
+    if (off < 0) return MALFORMED("offset %lld is negative", off);
+    if (ln <= 0 || ln >= ((long long)1 << 52)) return MALFORMED("length %lld is outside 1..2^52", ln);
     if (!pk_parse_hex64(json_string_value(f[4]), &r->xxh3) || !pk_parse_hex64(json_string_value(f[5]), &mf->sxxh3[i]))
-        return BAD("a checksum is not 16 hex digits");
+        return MALFORMED("a checksum is not 16 hex digits");
     if (!(mf->version == 1 ? parse_parts_v1(mf, f, parts, why) : parse_parts_v2(mf, f[6], parts, why))) return false;
     uint64_t po = 0;
     for (size_t k = 0; k < np; k++) {
@@ -505,8 +509,8 @@ static bool parse_record(pk_manifest *mf, json_t *a, size_t i, df_pack_part *par
     r->part = parts;
     return true;
 }
-#undef BAD
-#undef BAD_PART
+#undef MALFORMED
+#undef MALFORMED_PART
 
 /* Why record r cannot follow a record ending at prev_end, or NULL. */
 static const char *record_misplaced(const pk_manifest *mf, const df_pack_record *r, uint64_t prev_end,
@@ -619,7 +623,6 @@ static int parse_model(pk_manifest *mf, json_t *root, const char *dir, df_error 
 }
 
 #undef BAD
-#undef BAD_PART
 
 /* Parses and validates a manifest (untrusted: every offset, length and range is
  * checked, records are in file order and do not overlap). `dir` names errors. */

@@ -277,9 +277,11 @@ static int check_opts(const df_cache_opts *o, df_error *err) {
                        o->n_experts);
     const df_cache_tuning *tu = &o->tuning;
     if (tu->n_buckets < 0 || tu->n_buckets > NB_MAX)
-        return df_fail(err, DF_ERR_ARG, "cache: tuning buckets=%d is outside 1..%d", tu->n_buckets, NB_MAX);
+        return df_fail(err, DF_ERR_ARG, "cache: tuning buckets=%d is outside 0..%d (0: the default)", tu->n_buckets,
+                       NB_MAX);
     if (tu->max_missed < 0 || tu->max_missed > 4096)
-        return df_fail(err, DF_ERR_ARG, "cache: tuning max_missed=%d is outside 1..4096", tu->max_missed);
+        return df_fail(err, DF_ERR_ARG, "cache: tuning max_missed=%d is outside 0..4096 (0: the default)",
+                       tu->max_missed);
     if (tu->relearn_tokens < 0)
         return df_fail(err, DF_ERR_ARG, "cache: tuning relearn=%d is negative", tu->relearn_tokens);
     /* written so that NaN fails */
