@@ -29,6 +29,7 @@
  */
 #include "kernels/kernels.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,14 +224,54 @@ static uint64_t fm_next(void) {
     return fm_rng;
 }
 
-/* Fills one copy's values and scales with what a real checkpoint holds: no
- * e4m3 NaN codes, finite scales of ordinary size (so the kernels take their
- * common paths), random 4-bit codes. */
+/* The e4m3 code nearest to v (ties to the even code), |v| <= 448 */
+static uint8_t fm_e4m3(double v) {
+    int lo = 0, hi = 126; /* codes 0..126 are the magnitudes, increasing */
+    double a = fabs(v);
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (df_e4m3_to_f32((uint8_t)mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo < 126) {
+        double dl = a - df_e4m3_to_f32((uint8_t)lo), dh = df_e4m3_to_f32((uint8_t)(lo + 1)) - a;
+        if (dh < dl || (dh == dl && (lo & 1))) lo++;
+    }
+    return (uint8_t)(lo | (v < 0 ? 0x80 : 0));
+}
+
+/* e4m3 codes as a block-scaled checkpoint holds them: normal weights whose
+ * block maximum (about 8 sigma) maps to 448, so codes near zero (e = 0 and 1,
+ * which the AVX-512 path decodes in its F16 form) are rare, as in the real
+ * ones: 65536 of them, looked up with 16 random bits. */
+static const uint8_t *fm_e4m3_table(void) {
+    static uint8_t t[65536];
+    static int done;
+    for (int i = 0; !done && i < 65536; i += 2) {
+        double u1 = ((double)(fm_next() >> 11) + 1) / 9007199254740993.0, u2 = (double)(fm_next() >> 11) / 9007199254740992.0;
+        double r = sqrt(-2 * log(u1)) * 56.0;
+        t[i] = fm_e4m3(fmax(-448, fmin(448, r * cos(2 * M_PI * u2))));
+        t[i + 1] = fm_e4m3(fmax(-448, fmin(448, r * sin(2 * M_PI * u2))));
+    }
+    done = 1;
+    return t;
+}
+
+/* Fills one copy's values and scales with what a real checkpoint holds: e4m3
+ * codes of normal weights, finite scales of ordinary size (so the kernels
+ * take their common paths), random 4-bit codes. */
 static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb) {
+    const uint8_t *e4 = f.elem == DF_EL_F8_E4M3 ? fm_e4m3_table() : NULL;
     for (size_t i = 0; i < vb; i += 8) {
         uint64_t r = fm_next();
         if (f.elem == DF_EL_BF16) r = (r & 0x807f807f807f807full) | 0x3c003c003c003c00ull;
-        if (f.elem == DF_EL_F8_E4M3) r &= 0xf7f7f7f7f7f7f7f7ull; /* exponent <= 14: never 0x7f/0xff */
+        if (e4) {
+            uint64_t c = 0;
+            for (int j = 0; j < 4; j++) c |= (uint64_t)e4[(r >> 16 * j) & 0xffff] << 8 * j;
+            r = fm_next();
+            for (int j = 0; j < 4; j++) c |= (uint64_t)e4[(r >> 16 * j) & 0xffff] << 8 * (j + 4);
+            r = c;
+        }
         memcpy(vals + i, &r, vb - i < 8 ? vb - i : 8);
     }
     for (size_t i = 0; i < sb;) {

@@ -446,7 +446,7 @@ fi
 # ---- formats: weights as shipped, in RAM (issue 22) ---------------------------------
 # Two models, their arms interleaved per repetition (reversed on even ones), warm.
 if [[ " $SECTIONS " == *" formats "* ]]; then
-    FP8M=$B/bench-models/dsv3-fp8-h2048-l8-e64
+    FP8M=$B/bench-models/dsv3-fp8n-h2048-l8-e64 # fp8n: the normal-weight codes of gen_quant (2026-12-06)
     K2M=$B/bench-models/k2-int4-h2048-l8-e64
     FMT_DS=(--arch deepseek_v3 --seed 5 --dtype bf16 --vocab 129280 --hidden 2048 --intermediate 10944
         --layers 8 --first-k-dense 1 --heads 16 --q-lora-rank 768 --kv-lora-rank 512 --qk-nope-dim 128

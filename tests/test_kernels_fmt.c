@@ -75,11 +75,31 @@ typedef struct {
     double *w; /* exact dequantized weights [N][K] (double) */
 } qmat;
 
+/* FP8 codes as a checkpoint holds them (g_fp8_real): e >= 2 but for one code
+ * of the F16 form's (e <= 1, NaN) in some 64-value groups (fp8_sprinkle). */
+static int g_fp8_real;
+
 static uint8_t rnd_code(df_elem el, int nan_ok) {
     if (el != DF_EL_F8_E4M3) return (uint8_t)(rnd() & 15);
     uint8_t b = (uint8_t)rnd();
-    if (!nan_ok && (b & 0x7f) == 0x7f) b ^= 1;
+    if (g_fp8_real && (b & 0x78) < 0x10) b |= 0x10;
+    if ((!nan_ok || g_fp8_real) && (b & 0x7f) == 0x7f) b ^= 1;
     return b;
+}
+
+/* In half of a row's 64-value groups (counted from the row's start, as the
+ * SIMD paths test them), one code at a random place that only the F16 form
+ * decodes: every e = 0 and e = 1 code of either sign in turn, and the NaN
+ * codes if nan_ok. */
+static void fp8_sprinkle(uint8_t *row, int K, int nan_ok) {
+    static unsigned turn;
+    for (int g = 0; g * 64 < K; g++) {
+        if (rnd() % 2) continue;
+        unsigned c = turn++ % (nan_ok ? 34 : 32);
+        uint8_t b = c < 32 ? (uint8_t)((c & 15) | (c & 16) << 3) : c == 32 ? 0x7f : 0xff;
+        int n = K - g * 64 < 64 ? K - g * 64 : 64;
+        row[g * 64 + (int)(rnd() % (unsigned)n)] = b;
+    }
 }
 
 /* A scale: ordinary for its format, or (special) one of the extremes. */
@@ -127,10 +147,12 @@ static qmat make_q(df_wfmt f, int N, int K, int special) {
     int gc = (K + f.block_cols - 1) / f.block_cols;
     for (int n = 0; n < N; n++) {
         uint8_t *row = q.vals + (size_t)n * rb;
-        if (f.elem == DF_EL_F8_E4M3)
+        if (f.elem == DF_EL_F8_E4M3) {
             for (int k = 0; k < K; k++) row[k] = rnd_code(f.elem, special && rnd() % 8 == 0);
-        else
+            if (g_fp8_real) fp8_sprinkle(row, K, special);
+        } else {
             for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)(rnd_code(f.elem, 0) | rnd_code(f.elem, 0) << 4);
+        }
         for (int k = 0; k < K; k++) {
             unsigned c = f.elem == DF_EL_F8_E4M3 ? row[k] : (unsigned)(row[k / 2] >> (4 * (k % 2))) & 15;
             double d = f.elem == DF_EL_F8_E4M3 ? ref_e4m3(c) : f.elem == DF_EL_I4 ? ref_i4(c) : ref_e2m1(c);
@@ -451,6 +473,30 @@ static void test_products_special(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* FP8 codes as checkpoints hold them: the AVX-512 path decodes most 64-value
+ * groups of a row in its F32 form and the rest (e <= 1 or NaN codes) in its
+ * F16 form, row by row; every path still equals C. Then random codes of
+ * every kind in every group. Edge blocks, tails, T = 1 and the tiles of
+ * T > 1, extreme scales (the two-multiply form). */
+static void test_products_fp8_forms(void **state) {
+    (void)state;
+    static const int Ks[] = {64, 200, 448};
+    static const int Ns[] = {3, 130};
+    df_wfmt f = df_wfmt_fp8_block();
+    for (int real = 1; real >= 0; real--)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                for (int special = 0; special < 2; special++) {
+                    g_fp8_real = real;
+                    qmat q = make_q(f, Ns[ni], Ks[ki], special);
+                    g_fp8_real = 0;
+                    check_q(&q, 1, special);
+                    check_q(&q, 5, special);
+                    free_q(&q);
+                }
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
 /* Every E8M0 scale code, and BF16 scales of every kind, at group positions
  * that the SIMD products widen 8 or 16 at a time (E8M0 0 and 255 are special
  * cases there: 2^-127 and NaN). */
@@ -517,6 +563,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_products_grid),
         cmocka_unit_test(test_products_big),
         cmocka_unit_test(test_products_special),
+        cmocka_unit_test(test_products_fp8_forms),
         cmocka_unit_test(test_products_all_scales),
         cmocka_unit_test(test_row_views),
     };

@@ -107,6 +107,21 @@ def e4m3_codes(y):
     return code.astype(np.uint8)
 
 
+def e4m3_values(q):
+    """uint8 e4m3fn codes -> float64 values (NaN codes not expected)."""
+    q = np.asarray(q, dtype=np.int64)
+    e, m = (q >> 3) & 15, q & 7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * np.exp2(e - 7.0))
+    return np.where(q & 0x80, -v, v)
+
+
+# --fast-init's FP8 codes: drawn from these, which are normal weights quantized
+# as an amax-scaled block holds them (the block maximum, about 8 sigma, at 448),
+# so codes near zero (e <= 1) are as rare as in a real checkpoint (about 1 in 2000)
+FP8_FAST_CODES = e4m3_codes(np.clip(np.random.default_rng(448).standard_normal(65536) * 56.0, -FP8_MAX, FP8_MAX))
+FP8_FAST_RMS = float(np.sqrt(np.mean(e4m3_values(FP8_FAST_CODES) ** 2)))
+
+
 def e2m1_nibbles(y):
     """float64 array -> e2m1 nibbles of the nearest grid value (ties to the even
     mantissa, i.e. the even grid index), saturated at 6; a value rounding to 0
@@ -234,10 +249,8 @@ class Packed:
         """Random codes of bounded magnitude and constant scales giving roughly std."""
         r = self.fast_rng
         if self.kind == "fp8":
-            # exponent field 1..8 (|v| in [2^-6, 3.75]), any sign and mantissa; rms ~1.3
-            q = (r.integers(1, 9, (n, C), dtype=np.uint8) << 3) | r.integers(0, 8, (n, C), dtype=np.uint8)
-            q |= r.integers(0, 2, (n, C), dtype=np.uint8) << 7
-            s = np.full((-(-n // BLOCK), -(-C // BLOCK)), self.std / 1.3, dtype=np.float32)
+            q = FP8_FAST_CODES[r.integers(0, FP8_FAST_CODES.size, (n, C), dtype=np.uint32)]
+            s = np.full((-(-n // BLOCK), -(-C // BLOCK)), self.std / FP8_FAST_RMS, dtype=np.float32)
             return q, s
         if self.kind == "int4":
             words = r.integers(0, 2 ** 32, (n, C // 8), dtype=np.uint32)

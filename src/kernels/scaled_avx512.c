@@ -21,9 +21,15 @@
  *    by 2^8: fl(f * (s * 2^8)) rounds the same real number as fl(decode(q) *
  *    s), so it is the same w, provided s * 2^8 is exact, i.e. finite (|s| <
  *    2^120) or s itself is not finite. A block with a larger finite scale takes
- *    the two-multiply form (f * 2^8, exact, then * s). 0x7F/0xFF (NaN) are found
- *    with one byte compare per 64 values; only a group that has one blends
- *    NaN into its lanes.
+ *    the two-multiply form (f * 2^8, exact, then * s). The products take the
+ *    same f in three operations instead of four and a half where a row's 64
+ *    values have no e = 0 and no NaN code (dec16n: the byte's bits placed in
+ *    an F32 with exponent field e + 112), as almost all of a checkpoint's
+ *    do: normal weights scaled to a block maximum of 448 put about one code
+ *    in 2000 at e <= 1 (+8-10 % in L2, +3-4 % from RAM; random codes, where
+ *    every group needs the F16 form, lose 10-20 % to the extra test and
+ *    mispredicted branches). 0x7F/0xFF (NaN) are found with one byte compare
+ *    per 64 values; only a group that has one blends NaN into its lanes.
  *  - INT4 and E2M1: a 16-entry table of decode(q), multiplied by the group's
  *    scale once per group (each entry is then fl(decode(q) * scale)), looked up
  *    with vpermps, which reads the low 4 bits of each index lane. Products
@@ -41,9 +47,10 @@
  * that steps through a whole group without a loop: +14 % in L2, from RAM
  * within the noise) at once with a software prefetch of the next group
  * (values, and for the 4-bit formats the scale rows, a separate stream). FP8
- * decodes 32 values per row at a time where a group of 64 has no NaN code
- * (dec32: byte permutes with VBMI measured no faster on Sapphire Rapids, where
- * VPERMT2B takes two cycles of port 5). T > 1 a 4-row x 4-token tile (16
+ * chooses the form of each row's 64 values on their own (qblock); the F16
+ * form decodes 32 values at a time where they have no NaN code (dec32: byte
+ * permutes with VBMI measured no faster on Sapphire Rapids, where VPERMT2B
+ * takes two cycles of port 5). T > 1 a 4-row x 4-token tile (16
  * accumulators, 4 tables or scales, 4 weights: fits the 32 registers).
  */
 #include "kernels/scaled.h"
@@ -149,52 +156,78 @@ INL void dec32(const uint8_t *row, int k, __m512 st, int two, __m512 *w0, __m512
     *w1 = fp8_scaled(f1, st, two);
 }
 
-/* qstep for FP8 chunks k and k + 16 of rows without NaN codes there. */
-INL void qstep32(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
-                 int k, int RN, int RT, int two) {
-    __m512 w0[QN], w1[QN];
+/* FP8, the F32 form: the 16 weights at column k of a row whose codes all have
+ * e >= 1 and are not NaN. The sign-extended byte shifted left 20, masked to
+ * 0x87f00000 and OR'ed with 0x38000000 (one vpternlogd) is the F32 with
+ * e4m3's sign and mantissa and the exponent field e + 112: decode(q) * 2^-8,
+ * the same f as the F16 form, so the same weight. Three operations per 16
+ * values where the F16 form takes four and a half (vcvtph2ps is two). */
+INL __m512 dec16n(const uint8_t *row, int k, __m512 st, int two) {
+    __m512i d = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + k))), 20);
+    d = _mm512_ternarylogic_epi32(d, _mm512_set1_epi32((int)0x87f00000u), _mm512_set1_epi32(0x38000000), 0xea);
+    return fp8_scaled(_mm512_castsi512_ps(d), st, two);
+}
+
+/* acc[t] += w(chunk k + c) * x[t][chunk k + c] for the 16 weights w */
+INL void fma_tokens(__m512 *acc, __m512 w, const float *x, int ldx, int k, int RT) {
     #pragma GCC unroll 8
-    for (int r = 0; r < RN; r++) dec32(w + r * rs, k, st[r], two, &w0[r], &w1[r]);
-    #pragma GCC unroll 8
-    for (int t = 0; t < RT; t++) {
-        const float *xp = x + (size_t)t * ldx + k;
-        __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
-        #pragma GCC unroll 8
-        for (int r = 0; r < RN; r++) acc[r][t] = _mm512_fmadd_ps(w1[r], x1, _mm512_fmadd_ps(w0[r], x0, acc[r][t]));
+    for (int t = 0; t < RT; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + (size_t)t * ldx + k), acc[t]);
+}
+
+/* Whether the 64 codes at p have one that the F32 form cannot take: e = 0
+ * (F32 subnormal territory: its exponent field would be 112 where 113 with
+ * the implicit bit removed is meant) or NaN. The test, (q + 1) & 0x70 == 0,
+ * is two operations and also catches e = 1, m < 7. The load is in the asm so
+ * that the compiler cannot reuse it for the decoding: it would extract the
+ * 16-byte quarters through the stack instead of loading each with the
+ * widening vpmovsxbd (measured 2x slower). */
+INL int f16_codes64(const uint8_t *p) {
+    __m512i b;
+    __asm__("vpaddb %1, %2, %0" : "=v"(b) : "m"(*(const uint8_t(*)[64])p), "v"(_mm512_set1_epi8(1)));
+    return _mm512_testn_epi8_mask(b, _mm512_set1_epi8(0x70)) != 0;
+}
+
+/* Whether the 64 codes at p have a NaN code (0x7f, 0xff); asm as above */
+INL int nan_codes64(const uint8_t *p) {
+    __m512i b;
+    __asm__("vpord %1, %2, %0" : "=v"(b) : "m"(*(const uint8_t(*)[64])p), "v"(_mm512_set1_epi8((char)0x80)));
+    return _mm512_cmpeq_epi8_mask(b, _mm512_set1_epi8(-1)) != 0;
+}
+
+/* acc[t] += the 64 weights at column k of one row times x[t]: the F32 form,
+ * or the F16 form where a code needs it, with NaN blended in where one is. */
+INL void row64(__m512 *acc, const float *x, int ldx, const uint8_t *row, __m512 st, int k, int RT, int two,
+               int f16) {
+    if (__builtin_expect(!f16, 1)) {
+        #pragma GCC unroll 4
+        for (int c = 0; c < 64; c += 16) fma_tokens(acc, dec16n(row, k + c, st, two), x, ldx, k + c, RT);
+    } else if (!nan_codes64(row + k)) {
+        #pragma GCC unroll 2
+        for (int c = 0; c < 64; c += 32) {
+            __m512 w0, w1;
+            dec32(row, k + c, st, two, &w0, &w1);
+            fma_tokens(acc, w0, x, ldx, k + c, RT);
+            fma_tokens(acc, w1, x, ldx, k + c + 16, RT);
+        }
+    } else {
+        #pragma GCC unroll 4
+        for (int c = 0; c < 64; c += 16) fma_tokens(acc, dec16(FP8, row, k + c, st, two, 0, 16), x, ldx, k + c, RT);
     }
 }
 
-/* The NaN codes (0x7f, 0xff) among the 64 bytes at p. The load is in the asm
- * so that the compiler cannot reuse it for the decoding: it would extract
- * the 16-byte quarters through the stack instead of loading each with the
- * widening vpmovsxbd (measured 2x slower). */
-INL __mmask64 nan_codes64(const uint8_t *p) {
-    __m512i b;
-    __asm__("vpord %1, %2, %0" : "=v"(b) : "m"(*(const uint8_t(*)[64])p), "v"(_mm512_set1_epi8((char)0x80)));
-    return _mm512_cmpeq_epi8_mask(b, _mm512_set1_epi8(-1));
-}
-
-/* Columns [kb, ke) of one scale block. */
+/* Columns [kb, ke) of one scale block: 64 values of each row at a time, each
+ * row in the form its codes allow (a branch per row: with one for all rows,
+ * the F16 form ran four times as often), then 16 at a time. */
 INL void qblock(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
                 int kb, int ke, int el, int RN, int RT, int two) {
     int k = kb;
     if (el == FP8) {
-        /* 64 values at a time: one NaN test for all of them */
         for (; k + 64 <= ke; k += 64) {
-            __mmask64 nan = 0;
+            int f16[QNM];
             #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) nan |= nan_codes64(w + r * rs + k);
-            /* the barrier keeps the compiler from loading both branches'
-             * bytes above the test (16 live values, spilled to the stack) */
-            __asm__ volatile("" ::: "memory");
-            if (__builtin_expect(nan == 0, 1)) {
-                __asm__ volatile("" ::: "memory");
-                #pragma GCC unroll 2
-                for (int c = 0; c < 64; c += 32) qstep32(acc, x, ldx, w, rs, st, k + c, RN, RT, two);
-            } else {
-                #pragma GCC unroll 4
-                for (int c = 0; c < 64; c += 16) qstep(acc, x, ldx, w, rs, st, k + c, el, RN, RT, two, 0, 16);
-            }
+            for (int r = 0; r < RN; r++) f16[r] = f16_codes64(w + r * rs + k);
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++) row64(acc[r], x, ldx, w + r * rs, st[r], k, RT, two, f16[r]);
         }
     }
     for (; k + 16 <= ke; k += 16) qstep(acc, x, ldx, w, rs, st, k, el, RN, RT, two, 0, 16);
