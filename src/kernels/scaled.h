@@ -43,6 +43,13 @@ static inline float df_scale_at(const uint8_t *srow, df_scale_type t, int j) {
     return f;
 }
 
+/* MXFP4's scaled tables: entry [s][q] is fl(e2m1(q) * e8m0(s)), the weight of
+ * code q in a group of scale s, for all 256 scales (16 KiB, computed once).
+ * A group's table is then one load where the other formats multiply a base
+ * table by the group's scale; the scales a matrix uses are few, so the lines
+ * read stay in L1. */
+const float (*df_e2m1_tables(void))[16];
+
 /* The one-token tile of a SIMD path's 4-bit formats for 32-value groups, as a
  * function of its own: NAME(y, x, w, rs, srow, K, pf, spf) calls that file's
  * qtile4 with the group size and the rows (RN) as constants. Inlined into its

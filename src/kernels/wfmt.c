@@ -8,6 +8,7 @@
 #include "kernels/scaled.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -98,6 +99,20 @@ float df_e2m1_to_f32(unsigned nibble) {
 float df_i4_to_f32(unsigned nibble) { return (float)((int)(nibble & 15) - 8); }
 
 float df_e8m0_to_f32(uint8_t s) { return s == 255 ? NAN : ldexpf(1.0f, (int)s - 127); }
+
+/* fl(e2m1(q) * e8m0(s)) for every scale s and code q (scaled.h) */
+static _Alignas(64) float e2m1_tables[256][16];
+static pthread_once_t e2m1_once = PTHREAD_ONCE_INIT;
+
+static void e2m1_init(void) {
+    for (int s = 0; s < 256; s++)
+        for (unsigned q = 0; q < 16; q++) e2m1_tables[s][q] = df_e2m1_to_f32(q) * df_e8m0_to_f32((uint8_t)s);
+}
+
+const float (*df_e2m1_tables(void))[16] {
+    pthread_once(&e2m1_once, e2m1_init);
+    return (const float (*)[16])e2m1_tables;
+}
 
 static float scale_def(const uint8_t *srow, df_scale_type t, int j) {
     if (t == DF_SC_F32) {
