@@ -325,6 +325,14 @@ INL void load_scales(uint32_t sb[QNM][16], const uint8_t *const *srow, int el, i
     }
 }
 
+/* An INT4 scale from load_scales' buffer (memcpy: GCC then broadcasts it
+ * from memory inside the multiply, as it does a float) */
+INL float sb_f32(const uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* acc[r][t] += w(row r, chunk k) * x[t][chunk k], all in sig order */
 INL void qstep4(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *tab,
                 int k, int RN, int RT, int tail, int rem) {
@@ -376,7 +384,7 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
         #pragma GCC unroll 8
         for (int r = 0; r < RN; r++)
             tab[r] = el == E2M1 ? _mm512_load_ps((const char *)e2t + sb[r][j & 15])
-                                : _mm512_mul_ps(base_table(el), _mm512_castsi512_ps(_mm512_set1_epi32((int)sb[r][j & 15])));
+                                : _mm512_mul_ps(base_table(el), _mm512_set1_ps(sb_f32(sb[r][j & 15])));
         int k = kb;
         if (bc == 32 && ke - kb == 32) { /* a whole group: two steps, no loop */
             qstep4(acc, x, ldx, w, rs, tab, k, RN, RT, 0, 16);
