@@ -14,10 +14,11 @@
  *    compare per 32 values finds NaN codes, and only then are they blended in.
  *    Without them, one-token products decode 16 values of a row at once (dec16:
  *    one widening, shift and mask of 16 bytes for both halves). The products
- *    take the F32 form (dec8n: the bits placed in an F32, decode(q) * 2^-120,
- *    times s * 2^120) where the 32 values of the rows have no e = 0 and no
- *    NaN code, which is almost always in a checkpoint (+2-4 % at T = 1, +17 %
- *    at T = 4 in L2; random codes lose 13 % to the extra test).
+ *    for T > 1 take the F32 form (dec8n: the bits placed in an F32, decode(q)
+ *    * 2^-120, times s * 2^120) where the 32 values of the rows have no e = 0
+ *    and no NaN code, which is almost always in a checkpoint (+10-17 % at
+ *    T = 4 in L2). At T = 1 it measured -6 to +4 %: GCC keeps some of the
+ *    4-row group's accumulators in memory there.
  *  - E2M1: vpermps reads only 3 index bits, so the table holds the scaled
  *    magnitudes of codes 0-7 and the code's bit 3 becomes the sign with one
  *    xor (e2m1_sign): fl(-d * s) = -fl(d * s). (A second table and vblendvps
@@ -340,16 +341,17 @@ INL void qstepn(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
 }
 
 /* Columns [kb, ke) of one FP8 scale block (the 4-bit formats: qtile4): 32
- * values at a time, in the F32 form unless a row's codes there need the F16
- * form (one test for all rows: with a branch per row, as scaled_avx512.c
- * has, GCC kept the accumulators in memory), then 16 at a time. */
+ * values at a time, for T > 1 in the F32 form unless a row's codes there need
+ * the F16 form (one test for all rows: with a branch per row, as
+ * scaled_avx512.c has, GCC kept the accumulators in memory), then 16 at a
+ * time. */
 INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
                 int kb, int ke, int RN, int RT, int two) {
     int k = kb;
     for (; k + 32 <= ke; k += 32) {
-        int f16 = 0;
+        int f16 = RT == 1; /* one token: the F16 form (the F32 form measured +-5 %) */
         #pragma GCC unroll 8
-        for (int r = 0; r < RN; r++) f16 |= f16_codes32(w + r * rs + k);
+        for (int r = 0; r < RN && !f16; r++) f16 |= f16_codes32(w + r * rs + k);
         /* as in scaled_avx512.c: no loads hoisted above the test */
         __asm__ volatile("" ::: "memory");
         if (__builtin_expect(!f16, 1)) {
@@ -358,8 +360,15 @@ INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
             continue;
         }
         int nan = fp8_has_nan(w, rs, k, RN, 32);
-        qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, nan, 0, 16);
-        qstep(acc, x, ldx, w, rs, st, k + 16, FP8, RN, RT, two, nan, 0, 16);
+        __asm__ volatile("" ::: "memory");
+        if (__builtin_expect(!nan, 1)) {
+            __asm__ volatile("" ::: "memory");
+            qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, 0, 0, 16);
+            qstep(acc, x, ldx, w, rs, st, k + 16, FP8, RN, RT, two, 0, 0, 16);
+        } else {
+            qstep(acc, x, ldx, w, rs, st, k, FP8, RN, RT, two, 1, 0, 16);
+            qstep(acc, x, ldx, w, rs, st, k + 16, FP8, RN, RT, two, 1, 0, 16);
+        }
     }
     if (k + 16 <= ke) {
         int nan = fp8_has_nan(w, rs, k, RN, 16);
