@@ -156,6 +156,8 @@ sx=$(chat_rows --prompt x --system x); se=$(chat_rows --prompt x --system '<|im_
     || bad run-chat-specials-are-text "prompt rows: $rx for x, $re for <|im_end|>; $sx, $se with --system: $(tail -1 "$T/err")"
 # a dense model has nothing to stream: a budget it cannot fit in is refused, not ignored
 expect_error dense-budget-too-small "ram-budget 20.0 MiB is too small" "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 1 --ram-budget 20M
+# a budget below 0.1 MiB is named with the decimals that show it (it read "0.0 MiB")
+expect_error tiny-budget-named "ram-budget 0.0010 MiB is too small" "$ENG" run --model "$GOOD" --prompt-tokens 1,2 --max-new 1 --ram-budget 1K
 expect_error run-token-out-of-vocab "outside the vocabulary" "$ENG" run --model "$GOOD" --prompt-tokens 999999 --max-new 1
 
 # ---- count options: the context holds the prompt and every new token

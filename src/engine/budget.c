@@ -115,6 +115,10 @@ static uint64_t plan_total(const df_mem_plan *p, uint64_t session) {
     return df_add_sat(df_add_sat(p->resident, session), df_add_sat(p->slack, p->reserve));
 }
 
+/* A size the user gave, for "%.*f MiB": one decimal, or four below 0.1 MiB
+ * (a 1 KiB budget is 0.0010 MiB, not 0.0) */
+#define MIB_ARG(b) ((b) < 104858 ? 4 : 1), ((double)(b) / 1048576.0)
+
 /* Sizes the budget on the plan: the forward chunk, and what is left for the
  * expert cache. Fails when that is nothing, or when loading already went past
  * the budget (the peak RSS counts it). */
@@ -148,12 +152,12 @@ static int budget_left(df_engine *e, const df_engine_opts *o, uint64_t *left, df
                      (double)o->reserve_bytes / 1048576.0, o->reserve_for ? o->reserve_for : "other data");
         else
             snprintf(what, sizeof what, "the weights kept in RAM, the tokenizer and %s", ctx);
-        return df_fail(err, DF_ERR_ARG, "--ram-budget %.1f MiB is too small: %s already need %.1f MiB",
-                       (double)budget / 1048576.0, what, (double)need / 1048576.0);
+        return df_fail(err, DF_ERR_ARG, "--ram-budget %.*f MiB is too small: %s already need %.1f MiB",
+                       MIB_ARG(budget), what, (double)need / 1048576.0);
     }
     if (p->load_peak >= budget)
-        return df_fail(err, DF_ERR_ARG, "--ram-budget %.1f MiB is too small: loading the model, its "
-                       "tokenizer%s already took %.1f MiB of RSS at the peak", (double)budget / 1048576.0,
+        return df_fail(err, DF_ERR_ARG, "--ram-budget %.*f MiB is too small: loading the model, its "
+                       "tokenizer%s already took %.1f MiB of RSS at the peak", MIB_ARG(budget),
                        o->reserve_bytes ? " and sizing the draft" : "", (double)p->load_peak / 1048576.0);
     *left = budget - need;
     return DF_OK;
@@ -188,10 +192,9 @@ static int size_cache(df_engine *e, const df_engine_opts *o, uint64_t *cache, ch
         int rc = o->ram_budget ? budget_left(e, o, &left, err) : DF_OK;
         if (rc) return rc;
         if (o->ram_budget && o->expert_cache > left)
-            return df_fail(err, DF_ERR_ARG, "--expert-cache %.1f MiB does not fit in --ram-budget %.1f MiB: "
+            return df_fail(err, DF_ERR_ARG, "--expert-cache %.*f MiB does not fit in --ram-budget %.*f MiB: "
                            "the weights kept in RAM, the tokenizer and the context leave %.1f MiB for it",
-                           (double)o->expert_cache / 1048576.0, (double)o->ram_budget / 1048576.0,
-                           (double)left / 1048576.0);
+                           MIB_ARG(o->expert_cache), MIB_ARG(o->ram_budget), (double)left / 1048576.0);
         *cache = o->expert_cache;
         e->cache_sizing = "--expert-cache";
         snprintf(what, n, "--expert-cache sets");

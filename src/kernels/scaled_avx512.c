@@ -26,16 +26,16 @@
  *    values have no e = 0 and no NaN code (dec16n: the byte's bits placed in
  *    an F32 with exponent field e + 112), as almost all of a checkpoint's
  *    do: normal weights scaled to a block maximum of 448 put about one code
- *    in 2000 at e <= 1 (+8-10 % in L2, +3-4 % from RAM; random codes, where
- *    every group needs the F16 form, lose 10-20 % to the extra test and
- *    mispredicted branches). 0x7F/0xFF (NaN) are found with one byte compare
+ *    in 2000 at e <= 1 (+6-14 % in L2, 0-9 % from RAM; random codes, where
+ *    every group needs the F16 form, lose 16-20 % to the extra test and the
+ *    rows decoded one by one). 0x7F/0xFF (NaN) are found with one byte compare
  *    per 64 values; only a group that has one blends NaN into its lanes.
  *  - INT4 and E2M1: a 16-entry table of decode(q), multiplied by the group's
  *    scale once per group (each entry is then fl(decode(q) * scale)), looked up
  *    with vpermps, which reads the low 4 bits of each index lane. E2M1 has
  *    only 256 scales, so its products load the group's table ready-made
  *    (df_e2m1_tables, scaled.h) instead of multiplying: one vector operation
- *    fewer per group and row, of about 7.5 (+10-14 % in L2 on an idle core,
+ *    fewer per group and row, of about 7.5 (+9-14 % in L2 on an idle core,
  *    +3-6 % with the host's other work on it, +5-9 % from RAM). Products
  *    (qtile4) put the 16 nibbles of a chunk into index lanes with one shift of
  *    the broadcast 8 bytes, which yields them in the lane order sig (see
