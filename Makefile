@@ -92,7 +92,7 @@ $(B)/fuzz/%: tests/fuzz/%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(B)/libdeltaf
 test: $(B)/deltafin $(B)/deltafin-san $(TEST_BIN) $(FUZZ_BIN)
 	@B=$(B) bash tests/run_all.sh
 
-$(B)/bench_kernels: bench/bench_kernels.c $(B)/libdeltafin.a
+$(B)/bench_kernels: bench/bench_kernels.c bench/e4m3_codes.h $(B)/libdeltafin.a
 	$(CC) $(BASE_CFLAGS) $(OPT) $< $(B)/libdeltafin.a $(LDLIBS) -o $@
 
 $(B)/bench_mla: bench/bench_mla.c $(B)/libdeltafin.a

@@ -12,8 +12,10 @@
  *   MODE l2: one thread, [64 x 7168] that stays in L2; ram: 2 threads,
  *   [2048 x 7168] copies cycling over 1 GiB. FORMAT fp8, int4 or mxfp4.
  *   CODES=random: FP8 codes drawn uniformly (1 in 8 at e = 0) instead of
- *   those of normal weights quantized as an amax-scaled block holds them.
+ *   those of normal weights quantized as a checkpoint holds them
+ *   (e4m3_codes.h).
  */
+#include "e4m3_codes.h"
 #include "kernels/kernels.h"
 #include "kernels/scaled.h"
 
@@ -50,30 +52,17 @@ static int cmpd(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* the e4m3 code nearest to v (|v| <= 448), ties to the even code */
-static uint8_t e4m3(double v) {
-    int lo = 0, hi = 126;
-    double a = fabs(v);
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (df_e4m3_to_f32((uint8_t)mid) <= a) lo = mid;
-        else hi = mid - 1;
-    }
-    if (lo < 126) {
-        double dl = a - df_e4m3_to_f32((uint8_t)lo), dh = df_e4m3_to_f32((uint8_t)(lo + 1)) - a;
-        if (dh < dl || (dh == dl && (lo & 1))) lo++;
-    }
-    return (uint8_t)(lo | (v < 0 ? 0x80 : 0));
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint64_t next64(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
 }
 
 static void fill(df_wfmt f, uint8_t *v, size_t vb, uint8_t *s, size_t sb) {
     static uint8_t tab[65536];
     int normal = f.elem == DF_EL_F8_E4M3 && !(getenv("CODES") && !strcmp(getenv("CODES"), "random"));
     srand(1);
-    for (int i = 0; normal && i < 65536; i++) {
-        double u1 = (rand() + 1.0) / (RAND_MAX + 2.0), u2 = rand() / (RAND_MAX + 1.0);
-        tab[i] = e4m3(fmax(-448, fmin(448, sqrt(-2 * log(u1)) * cos(2 * M_PI * u2) * 56.0)));
-    }
+    if (normal) bench_e4m3_table(tab, next64);
     for (size_t i = 0; i < vb; i++) {
         v[i] = normal ? tab[(unsigned)rand() & 0xffff] : (uint8_t)rand();
         if (f.elem == DF_EL_F8_E4M3 && (v[i] & 0x7f) == 0x7f) v[i] ^= 1; /* no NaN */

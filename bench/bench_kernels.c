@@ -27,6 +27,7 @@
  *                            [--membw-only] [--formats [--tokens LIST]]
  *        (bench/run.sh and bench/suite.sh read the `membw_gbs` line)
  */
+#include "e4m3_codes.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -224,35 +225,11 @@ static uint64_t fm_next(void) {
     return fm_rng;
 }
 
-/* The e4m3 code nearest to v (ties to the even code), |v| <= 448 */
-static uint8_t fm_e4m3(double v) {
-    int lo = 0, hi = 126; /* codes 0..126 are the magnitudes, increasing */
-    double a = fabs(v);
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (df_e4m3_to_f32((uint8_t)mid) <= a) lo = mid;
-        else hi = mid - 1;
-    }
-    if (lo < 126) {
-        double dl = a - df_e4m3_to_f32((uint8_t)lo), dh = df_e4m3_to_f32((uint8_t)(lo + 1)) - a;
-        if (dh < dl || (dh == dl && (lo & 1))) lo++;
-    }
-    return (uint8_t)(lo | (v < 0 ? 0x80 : 0));
-}
-
-/* e4m3 codes as a block-scaled checkpoint holds them: normal weights whose
- * block maximum (about 8 sigma) maps to 448, so codes near zero (e = 0 and 1,
- * which the AVX-512 path decodes in its F16 form) are rare, as in the real
- * ones: 65536 of them, looked up with 16 random bits. */
+/* FP8 codes as a checkpoint holds them (e4m3_codes.h) */
 static const uint8_t *fm_e4m3_table(void) {
     static uint8_t t[65536];
     static int done;
-    for (int i = 0; !done && i < 65536; i += 2) {
-        double u1 = ((double)(fm_next() >> 11) + 1) / 9007199254740993.0, u2 = (double)(fm_next() >> 11) / 9007199254740992.0;
-        double r = sqrt(-2 * log(u1)) * 56.0;
-        t[i] = fm_e4m3(fmax(-448, fmin(448, r * cos(2 * M_PI * u2))));
-        t[i + 1] = fm_e4m3(fmax(-448, fmin(448, r * sin(2 * M_PI * u2))));
-    }
+    if (!done) bench_e4m3_table(t, fm_next);
     done = 1;
     return t;
 }
