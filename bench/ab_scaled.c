@@ -86,7 +86,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     int ram = !strcmp(argv[1], "ram"), reps = atoi(argv[3]), T = atoi(argv[4]);
-    df_wfmt f = !strcmp(argv[2], "fp8") ? df_wfmt_fp8_block() : !strcmp(argv[2], "int4") ? df_wfmt_int4_group() : df_wfmt_mxfp4();
+    df_wfmt f = !strcmp(argv[2], "fp8")    ? df_wfmt_fp8_block()
+                : !strcmp(argv[2], "int4") ? df_wfmt_int4_group()
+                                           : df_wfmt_mxfp4();
     if (reps < 1 || reps > 64 || T < 1 || T > 8) return 2;
     df_pool *pool = df_pool_new(2);
     const int N = ram ? 2048 : 64, K = 7168;

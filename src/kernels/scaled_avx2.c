@@ -17,8 +17,9 @@
  *    for T > 1 take the F32 form (dec8n: the bits placed in an F32, decode(q)
  *    * 2^-120, times s * 2^120) where the 32 values of the rows have no e = 0
  *    and no NaN code, which is almost always in a checkpoint (+10-14 % at
- *    T = 4 in L2 on an idle core, 1-3 % with the host's other work on it). At T = 1 it measured -6 to +4 %: GCC keeps some of the
- *    4-row group's accumulators in memory there.
+ *    T = 4 in L2 on an idle core, 1-3 % with the host's other work on it).
+ *    At T = 1 it measured -6 to +4 %: GCC keeps some of the 4-row group's
+ *    accumulators in memory there.
  *  - E2M1: vpermps reads only 3 index bits, so the table holds the scaled
  *    magnitudes of codes 0-7 and the code's bit 3 becomes the sign with one
  *    xor (e2m1_sign): fl(-d * s) = -fl(d * s). (A second table and vblendvps

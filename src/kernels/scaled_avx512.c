@@ -180,8 +180,8 @@ INL void fma_tokens(__m512 *acc, __m512 w, const float *x, int ldx, int k, int R
 }
 
 /* Whether the 64 codes at p have one that the F32 form cannot take: e = 0
- * (F32 subnormal territory: its exponent field would be 112 where 113 with
- * the implicit bit removed is meant) or NaN. The test, (q + 1) & 0x70 == 0,
+ * (an e4m3 subnormal has no implicit 1, which the F32 form's exponent field
+ * 112 would give it) or NaN. The test, (q + 1) & 0x70 == 0,
  * is two operations and also catches e = 1, m < 7. The load is in the asm so
  * that the compiler cannot reuse it for the decoding: it would extract the
  * 16-byte quarters through the stack instead of loading each with the
@@ -319,8 +319,10 @@ INL void load_scales(uint32_t sb[QNM][16], const uint8_t *const *srow, int el, i
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++) {
         __m512i v;
-        if (el == I4) v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, srow[r] + 2 * (size_t)j0)), 16);
-        else v = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, srow[r] + j0)), 6);
+        if (el == I4)
+            v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, srow[r] + 2 * (size_t)j0)), 16);
+        else
+            v = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, srow[r] + j0)), 6);
         _mm512_store_si512(sb[r], v);
     }
 }
