@@ -23,7 +23,8 @@
  *  - E2M1: vpermps reads only 3 index bits, so the table holds the scaled
  *    magnitudes of codes 0-7 and the code's bit 3 becomes the sign with one
  *    xor (e2m1_sign): fl(-d * s) = -fl(d * s). (A second table and vblendvps
- *    per 8 values took 1.3-1.4x as long.)
+ *    per 8 values took 1.3-1.4x as long.) The products take the magnitudes
+ *    from df_e2m1_tables (scaled.h) instead of multiplying (+1-8 % at T = 1).
  *  - INT4: the rows' decoding uses two scaled 8-entry halves (nibbles 0-7 and
  *    8-15), the nibble's bit 3, shifted into the sign bit, picking one with
  *    vblendvps. The products decode without a table: (n ^ 8) sign-extended
@@ -389,39 +390,57 @@ INL float hsum2x8(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(d);
 }
 
-/* Scales j0 .. j0 + 7 (those below gc) of each row, widened exactly to F32
- * (BF16: shifted; E8M0: df_e8m0_bits), for broadcasts from memory. */
-INL void load_scales(float sb[QMAX][8], const uint8_t *const *srow, int el, int j0, int gc, int RN) {
+/* Scales j0 .. j0 + 7 (those below gc) of each row: INT4's BF16 widened
+ * exactly to F32 (bits), for broadcasts from memory; MXFP4's E8M0 as the
+ * byte offset of its table in df_e2m1_tables (s * 64). */
+INL void load_scales(uint32_t sb[QMAX][8], const uint8_t *const *srow, int el, int j0, int gc, int RN) {
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++) {
         if (gc - j0 < 8) { /* the row's last scales: no reads past them */
-            for (int i = 0; i < gc - j0; i++)
-                sb[r][i] = df_scale_at(srow[r], el == I4 ? DF_SC_BF16 : DF_SC_E8M0, j0 + i);
+            for (int i = 0; i < gc - j0; i++) {
+                uint16_t h = 0;
+                if (el == I4) memcpy(&h, srow[r] + 2 * (size_t)(j0 + i), 2);
+                sb[r][i] = el == I4 ? (uint32_t)h << 16 : (uint32_t)srow[r][j0 + i] << 6;
+            }
             continue;
         }
         __m256i v;
-        if (el == I4) {
-            __m128i h = _mm_loadu_si128((const __m128i *)(srow[r] + 2 * (size_t)j0));
-            v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-        } else {
-            __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(srow[r] + j0)));
-            v = _mm256_slli_epi32(e, 23);
-            v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-            v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
-        }
+        if (el == I4)
+            v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(srow[r] + 2 * (size_t)j0))),
+                                  16);
+        else
+            v = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(srow[r] + j0))), 6);
         _mm256_store_si256((__m256i *)sb[r], v);
     }
 }
 
+/* A group's state from load_scales' entry u: INT4 from the scale (memcpy:
+ * GCC broadcasts it from memory, as a float); E2M1 from its ready-made table
+ * (entries 0-7 are fl(|d| * s)), xored as make_state does: one operation
+ * where make_state takes two. */
+INL qstate group_state(int el, uint32_t u, const float (*e2t)[16]) {
+    if (el == E2M1) {
+        __m256 m = _mm256_load_ps((const float *)((const char *)e2t + u));
+        qstate q;
+        q.a = q.b = _mm256_xor_ps(m, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28,
+                                                                           5 << 28, 6 << 28, 7 << 28)));
+        return q;
+    }
+    float s;
+    memcpy(&s, &u, 4);
+    return make_state(el, s, 0, 1);
+}
+
 /* As qtile for I4 and E2M1, the group scales widened 8 at a time (load_scales)
- * and each group's state made from a broadcast of its scale. bc: a constant
+ * and each group's state made from them (group_state). bc: a constant
  * (32) or 0 (read bcv). spf: where to prefetch each row's scales (with pf). */
 INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
                 const uint8_t *const *srow, int K, int bc, int bcv, int el, int RN, int RT, int pf,
                 const uint8_t *const *spf) {
     if (!bc) bc = bcv;
     __m256 acc[QMAX][QT][2];
-    _Alignas(32) float sb[QMAX][8];
+    _Alignas(32) uint32_t sb[QMAX][8];
+    const float(*e2t)[16] = el == E2M1 ? df_e2m1_tables() : NULL;
     #pragma GCC unroll 8
     for (int r = 0; r < RN; r++)
         #pragma GCC unroll 8
@@ -443,7 +462,7 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
         }
         qstate st[QMAX];
         #pragma GCC unroll 8
-        for (int r = 0; r < RN; r++) st[r] = make_state(el, sb[r][j & 7], 0, 1);
+        for (int r = 0; r < RN; r++) st[r] = group_state(el, sb[r][j & 7], e2t);
         int k = kb;
         if (bc == 32 && ke - kb == 32) { /* a whole group: two steps, no loop */
             qstep4(acc, x, ldx, w, rs, st, k, el, RN, RT, 0, 16);
