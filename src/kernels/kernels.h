@@ -65,9 +65,9 @@ void df_pool_for(df_pool *p, int n, int align,
  *      count or the ISA path, and a scaled matrix gives bit for bit what the
  *      F32 matrix of its decoded weights (df_wview_decode_rows) gives. The
  *      SIMD paths decode 8 to 32 values at a time in registers (for e4m3 the
- *      bits placed in an F16 and widened by vcvtph2ps, or on AVX-512, where
- *      no code has e = 0, placed in an F32 with the exponent rebiased, so
- *      that no F32 subnormal reaches a multiply; a 16-entry table already multiplied by
+ *      bits placed in an F16 and widened by vcvtph2ps, or, where no code has
+ *      e = 0 (AVX-512; AVX2 for T > 1), placed in an F32, so that no F32
+ *      subnormal reaches a multiply; a 16-entry table already multiplied by
  *      the group's scale for the 4-bit formats: a table entry is the same
  *      fl(decode(q) * scale));
  *      nothing is widened into a copy of the matrix. A path may keep the 16

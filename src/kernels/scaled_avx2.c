@@ -68,6 +68,15 @@ typedef struct {
     __m256 a, b;
 } qstate;
 
+/* E2M1's state from its scaled magnitudes m (codes 0-7): entry i xored with
+ * i << 28, which e2m1_sign takes out again */
+INL qstate e2m1_state(__m256 m) {
+    qstate q;
+    q.a = q.b = _mm256_xor_ps(m, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28,
+                                                                       5 << 28, 6 << 28, 7 << 28)));
+    return q;
+}
+
 INL qstate make_state(int el, float s, int two, int prod) {
     qstate q;
     __m256 sv = _mm256_set1_ps(s);
@@ -79,10 +88,8 @@ INL qstate make_state(int el, float s, int two, int prod) {
     } else if (el == I4) {
         q.a = _mm256_mul_ps(_mm256_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f), sv);
         q.b = _mm256_mul_ps(_mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f), sv);
-    } else { /* E2M1: the magnitudes' table, entry i xored with i << 28 (e2m1_sign) */
-        __m256 m = _mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sv);
-        q.a = q.b = _mm256_xor_ps(m, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28,
-                                                                           5 << 28, 6 << 28, 7 << 28)));
+    } else { /* E2M1: the magnitudes' table */
+        q = e2m1_state(_mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sv));
     }
     return q;
 }
@@ -416,16 +423,9 @@ INL void load_scales(uint32_t sb[QMAX][8], const uint8_t *const *srow, int el, i
 
 /* A group's state from load_scales' entry u: INT4 from the scale (memcpy:
  * GCC broadcasts it from memory, as a float); E2M1 from its ready-made table
- * (entries 0-7 are fl(|d| * s)), xored as make_state does: one operation
- * where make_state takes two. */
+ * (entries 0-7 are fl(|d| * s)): one operation where make_state takes two. */
 INL qstate group_state(int el, uint32_t u, const float (*e2t)[16]) {
-    if (el == E2M1) {
-        __m256 m = _mm256_load_ps((const float *)((const char *)e2t + u));
-        qstate q;
-        q.a = q.b = _mm256_xor_ps(m, _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28,
-                                                                           5 << 28, 6 << 28, 7 << 28)));
-        return q;
-    }
+    if (el == E2M1) return e2m1_state(_mm256_load_ps((const float *)((const char *)e2t + u)));
     float s;
     memcpy(&s, &u, 4);
     return make_state(el, s, 0, 1);
