@@ -24,7 +24,7 @@
  *
  * Build: make B=build build/bench_kernels   (also part of `make bench`)
  * Run:   build/bench_kernels [--threads N] [--mem-mib M] [--isa c|avx2|avx512]
- *                            [--membw-only] [--formats [--tokens LIST]]
+ *                            [--membw-only] [--formats [--tokens LIST]] [--slots N]
  *        (bench/run.sh and bench/suite.sh read the `membw_gbs` line)
  */
 #include "e4m3_codes.h"
@@ -388,18 +388,19 @@ int main(int argc, char **argv) {
     size_t mem_mib = 1024;
     int only_isa = -1;
     bool membw_only = false, formats = false;
-    int ts[8] = {1}, nt = 1;
+    int ts[8] = {1}, nt = 1, slots = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mem-mib") && i + 1 < argc) mem_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = df_isa_from_name(argv[++i]);
         else if (!strcmp(argv[i], "--membw-only")) membw_only = true; /* interleaving with runs */
         else if (!strcmp(argv[i], "--formats")) formats = true;
+        else if (!strcmp(argv[i], "--slots") && i + 1 < argc) slots = atoi(argv[++i]); /* pool A/Bs */
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc && (nt = parse_tokens(argv[++i], ts)) > 0) continue;
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512] [--membw-only]\n"
-                    "       [--formats [--tokens T1,T2,...]]\n",
+                    "       [--formats [--tokens T1,T2,...]] [--slots RANGES_PER_THREAD]\n",
                     argv[0]);
             return 2;
         }
@@ -408,6 +409,7 @@ int main(int argc, char **argv) {
     if (mem_mib < 64) mem_mib = 64;
 
     df_pool *pool = df_pool_new(threads), *pool1 = df_pool_new(1);
+    if (slots) df_pool_set_slots(pool, slots);
     uint64_t *buf = df_aligned_alloc(mem_mib << 20);
     /* BF16 values in [-2, 2) with random mantissas, so no value is special */
     uint64_t s = 0x243f6a8885a308d3ull;

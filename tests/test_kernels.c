@@ -620,34 +620,71 @@ static void test_pool_ranges(void **state) {
     const int threads[] = {1, 2, 3, 5};
     const int ns[] = {1, 2, 7, 16, 17, 100, 1000, 4097};
     const int aligns[] = {1, 3, 16, 64};
+    const int slots[] = {1, 4, 12}; /* ranges per thread, at most; 4: the default */
     for (int ti = 0; ti < 4; ti++) {
         df_pool *p = df_pool_new(threads[ti]);
         assert_int_equal(df_pool_size(p), threads[ti]);
-        for (int ni = 0; ni < 8; ni++)
-            for (int ai = 0; ai < 4; ai++) {
-                int n = ns[ni], al = aligns[ai];
-                struct cover c = {.n_ranges = 0};
-                pthread_mutex_init(&c.mu, NULL);
-                c.hits = df_xcalloc((size_t)n, sizeof(int));
-                df_pool_for(p, n, al, cover_fn, &c);
-                for (int i = 0; i < n; i++) assert_int_equal(c.hits[i], 1);
-                assert_true(c.n_ranges >= 1 && c.n_ranges <= threads[ti]);
-                for (int r = 0; r < c.n_ranges; r++) {
-                    assert_int_equal(c.b[r] % al, 0);
-                    assert_true(c.e[r] == n || c.e[r] % al == 0);
-                    assert_true(c.b[r] < c.e[r]);
+        for (int si = 0; si < 3; si++) {
+            int most = threads[ti] * slots[si];
+            df_pool_set_slots(p, slots[si]);
+            for (int ni = 0; ni < 8; ni++)
+                for (int ai = 0; ai < 4; ai++) {
+                    int n = ns[ni], al = aligns[ai];
+                    struct cover c = {.n_ranges = 0};
+                    pthread_mutex_init(&c.mu, NULL);
+                    c.hits = df_xcalloc((size_t)n, sizeof(int));
+                    df_pool_for(p, n, al, cover_fn, &c);
+                    for (int i = 0; i < n; i++) assert_int_equal(c.hits[i], 1);
+                    int chunks = (n + al - 1) / al;
+                    /* as many ranges as allowed, or one per chunk */
+                    assert_int_equal(c.n_ranges, threads[ti] == 1 || n <= al ? 1 : chunks < most ? chunks : most);
+                    for (int r = 0; r < c.n_ranges; r++) {
+                        assert_int_equal(c.b[r] % al, 0);
+                        assert_true(c.e[r] == n || c.e[r] % al == 0);
+                        assert_true(c.b[r] < c.e[r]);
+                    }
+                    /* balanced: no range longer than a fair share rounded up to align */
+                    int maxlen = ((chunks + most - 1) / most) * al;
+                    for (int r = 0; r < c.n_ranges && threads[ti] > 1; r++) assert_true(c.e[r] - c.b[r] <= maxlen);
+                    free(c.hits);
+                    pthread_mutex_destroy(&c.mu);
                 }
-                /* balanced: no range longer than a fair share rounded up to align */
-                int chunks = (n + al - 1) / al;
-                int maxlen = ((chunks + threads[ti] - 1) / threads[ti]) * al;
-                for (int r = 0; r < c.n_ranges; r++) assert_true(c.e[r] - c.b[r] <= maxlen);
-                free(c.hits);
-                pthread_mutex_destroy(&c.mu);
-            }
+        }
         df_pool_for(p, 0, 4, cover_fn, NULL); /* nothing to do: fn not called */
         df_pool_free(p);
     }
     df_pool_free(NULL);
+}
+
+/* A slow thread: ranges run outside the calling thread take 20 ms more. */
+struct slow {
+    pthread_t caller;
+    _Atomic int by_caller, by_others;
+};
+static void slow_fn(void *arg, int b, int e) {
+    struct slow *c = arg;
+    (void)b, (void)e;
+    if (pthread_equal(pthread_self(), c->caller)) {
+        atomic_fetch_add(&c->by_caller, 1);
+    } else {
+        atomic_fetch_add(&c->by_others, 1);
+        usleep(20000);
+    }
+}
+
+/* The ranges go to whichever thread is free: with 2 threads and 8 ranges, the
+ * fast caller runs 7 while the slow worker sleeps through one. With
+ * one range per thread each would run one (the slow one setting the pace). */
+static void test_pool_balance(void **state) {
+    (void)state;
+    df_pool *p = df_pool_new(2);
+    for (int it = 0; it < 5; it++) {
+        struct slow c = {.caller = pthread_self()};
+        df_pool_for(p, 64, 1, slow_fn, &c);
+        assert_int_equal(atomic_load(&c.by_caller) + atomic_load(&c.by_others), 8);
+        assert_true(atomic_load(&c.by_others) <= 3); /* 1, unless the caller was descheduled */
+    }
+    df_pool_free(p);
 }
 
 static void add_fn(void *arg, int b, int e) {
@@ -733,6 +770,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_to_f32),
         cmocka_unit_test(test_pool_ranges),
+        cmocka_unit_test(test_pool_balance),
         cmocka_unit_test(test_pool_stress_and_sleep),
         cmocka_unit_test(test_pool_nested),
         cmocka_unit_test(test_pool_concurrent_callers),

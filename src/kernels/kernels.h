@@ -28,10 +28,14 @@ typedef struct df_pool df_pool;
 df_pool *df_pool_new(int n_threads); /* n_threads >= 1; the caller is thread 0 */
 void df_pool_free(df_pool *p);
 int df_pool_size(const df_pool *p);
-/* Runs fn(ctx, begin, end) over [0, n) split into contiguous ranges, one per
- * thread, ranges aligned to `align` items; returns when all are done. */
+/* Runs fn(ctx, begin, end) over [0, n) split into contiguous ranges, up to 4
+ * per thread (claimed by whichever thread is free first), ranges aligned to
+ * `align` items; returns when all are done. A result must not depend on how
+ * [0, n) is split or on which thread runs a range. */
 void df_pool_for(df_pool *p, int n, int align,
                  void (*fn)(void *ctx, int begin, int end), void *ctx);
+/* Benchmarks and tests: ranges per thread and job, at most (1 .. 64; 4) */
+void df_pool_set_slots(df_pool *p, int per_thread);
 
 /* ---- weight formats --------------------------------------------------------
  * A matrix is described by its format and its bytes exactly as shipped; the

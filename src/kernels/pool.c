@@ -9,8 +9,12 @@
  * The sleep paths use the "announce, re-check, wait" handshake with sequentially
  * consistent atomics, so no wake-up is lost.
  *
- * The ranges ("slots", one per thread) are claimed, not assigned: whoever comes
- * first takes the next unclaimed slot, the caller included. When a worker is not
+ * The ranges ("slots", up to SLOTS_PER_THREAD per thread) are claimed, not
+ * assigned: whoever comes first takes the next unclaimed slot, the caller
+ * included. Several per thread balance cores that run at different speeds (a
+ * laptop's performance and efficiency cores, a VM's vCPU sharing its core): a
+ * fast core takes more slots instead of waiting for a slow one. Which thread
+ * runs a range never changes its result, so the split is free to vary. When a worker is not
  * running at that moment (descheduled on a busy machine, or still waking from
  * its futex), the caller runs that worker's range itself instead of waiting a
  * scheduler time slice for it. A claim is a CAS on a (generation, next slot)
@@ -45,6 +49,11 @@
 #define SPIN_NS_WORKER 200000L
 #define SPIN_NS_CALLER 1000000L
 
+/* Slots per thread and job (by default): with 4, two threads wait for each
+ * other at most an eighth of a job, and the claims (one CAS each) stay far
+ * below the work. */
+#define SLOTS_PER_THREAD 4
+
 typedef void (*task_fn)(void *ctx, int begin, int end);
 
 struct worker {
@@ -53,7 +62,8 @@ struct worker {
 };
 
 struct df_pool {
-    int n;         /* threads including the caller = slots per job */
+    int n;         /* threads including the caller */
+    int per_thread; /* slots per thread and job, at most */
     int n_started; /* workers running */
     pthread_t *threads;
     struct worker *workers;
@@ -63,7 +73,7 @@ struct df_pool {
     /* job description, written before `state` is released */
     _Atomic(task_fn) fn;
     _Atomic(void *) ctx;
-    _Atomic int total, align;
+    _Atomic int total, align, slots;
 
     _Alignas(64) _Atomic uint64_t state; /* gen << 32 | slots claimed */
     _Alignas(64) _Atomic uint32_t gen;   /* futex word for sleeping workers */
@@ -150,7 +160,8 @@ static int run_slots(struct df_pool *p, uint32_t g) {
     int ran = 0;
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
     for (;;) {
-        if ((uint32_t)(s >> 32) != g || (uint32_t)s >= (uint32_t)p->n) return ran;
+        int slots = atomic_load_explicit(&p->slots, memory_order_relaxed);
+        if ((uint32_t)(s >> 32) != g || (uint32_t)s >= (uint32_t)slots) return ran;
         /* read before the claim; a successful claim proves they belong to job g */
         task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
@@ -160,11 +171,11 @@ static int run_slots(struct df_pool *p, uint32_t g) {
                                                    memory_order_acquire))
             continue;
         int b, e;
-        range_of(total, align, p->n, (int)(uint32_t)s, &b, &e);
+        range_of(total, align, slots, (int)(uint32_t)s, &b, &e);
         if (b < e) fn(ctx, b, e);
         ran++;
         uint32_t d = atomic_fetch_add(&p->done, 1) + 1;
-        if (d == (uint32_t)p->n && atomic_load(&p->caller_sleeping)) futex_wake(&p->done);
+        if (d == (uint32_t)slots && atomic_load(&p->caller_sleeping)) futex_wake(&p->done);
         s = atomic_load_explicit(&p->state, memory_order_acquire);
     }
 }
@@ -188,11 +199,13 @@ df_pool *df_pool_new(int n_threads) {
     if (n_threads > 1024) n_threads = 1024;
     struct df_pool *p = df_xcalloc(1, sizeof *p);
     p->n = n_threads;
+    p->per_thread = SLOTS_PER_THREAD;
     pthread_mutex_init(&p->call_mu, NULL);
     atomic_init(&p->fn, NULL);
     atomic_init(&p->ctx, NULL);
     atomic_init(&p->total, 0);
     atomic_init(&p->align, 1);
+    atomic_init(&p->slots, 0);
     atomic_init(&p->state, 0);
     atomic_init(&p->gen, 0);
     atomic_init(&p->done, 0);
@@ -232,6 +245,13 @@ void df_pool_free(df_pool *p) {
 
 int df_pool_size(const df_pool *p) { return p ? p->n : 1; }
 
+void df_pool_set_slots(df_pool *p, int per_thread) {
+    if (!p) return;
+    pthread_mutex_lock(&p->call_mu);
+    p->per_thread = per_thread < 1 ? 1 : per_thread > 64 ? 64 : per_thread;
+    pthread_mutex_unlock(&p->call_mu);
+}
+
 void df_pool_for(df_pool *p, int n, int align, void (*fn)(void *ctx, int begin, int end),
                  void *ctx) {
     if (n <= 0) return;
@@ -247,6 +267,9 @@ void df_pool_for(df_pool *p, int n, int align, void (*fn)(void *ctx, int begin, 
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&p->total, n, memory_order_relaxed);
     atomic_store_explicit(&p->align, align, memory_order_relaxed);
+    long chunks = ((long)n + align - 1) / align, most = (long)p->n * p->per_thread;
+    int slots = (int)(chunks < most ? chunks : most);
+    atomic_store_explicit(&p->slots, slots, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->state, (uint64_t)g << 32, memory_order_release);
     atomic_store(&p->gen, g); /* seq_cst: orders against `sleepers` below */
@@ -259,7 +282,7 @@ void df_pool_for(df_pool *p, int n, int align, void (*fn)(void *ctx, int begin, 
     /* wait for slots that workers claimed and are still running */
     for (;;) {
         uint32_t d = atomic_load_explicit(&p->done, memory_order_acquire);
-        if (d == (uint32_t)p->n) break;
+        if (d == (uint32_t)slots) break;
         wait_change(&p->done, d, &p->caller_sleeping, SPIN_NS_CALLER);
     }
     pthread_mutex_unlock(&p->call_mu);
