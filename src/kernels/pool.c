@@ -1,6 +1,6 @@
 /*
  * pool.c - the thread pool behind df_pool_for: persistent workers, the caller is
- * thread 0, work is split into contiguous `align`-ed ranges, one per thread.
+ * thread 0, work is split into contiguous `align`-ed ranges, several per thread.
  *
  * The engine calls df_pool_for thousands of times per token, so dispatch must
  * cost about a microsecond, not a futex round trip: a job is published by bumping
@@ -14,12 +14,14 @@
  * included. Several per thread balance cores that run at different speeds (a
  * laptop's performance and efficiency cores, a VM's vCPU sharing its core): a
  * fast core takes more slots instead of waiting for a slow one. Which thread
- * runs a range never changes its result, so the split is free to vary. When a worker is not
- * running at that moment (descheduled on a busy machine, or still waking from
- * its futex), the caller runs that worker's range itself instead of waiting a
- * scheduler time slice for it. A claim is a CAS on a (generation, next slot)
- * word, so a worker that wakes late for an old job can never claim its slots;
- * the job fields are atomics so such a late reader is not a data race either.
+ * runs a range never changes its result, so the split is free to vary. When a
+ * worker is not running at that moment (descheduled on a busy machine, or
+ * still waking from its futex), the caller runs that worker's ranges itself
+ * instead of waiting a scheduler time slice for it. A claim is a CAS on a
+ * (generation, slot count, next slot) word, so a worker that wakes late for an
+ * old job can never claim its slots, nor one of this job by another job's
+ * count; the job fields are atomics so such a late reader is not a data race
+ * either.
  *
  * Calls from several outside threads are serialised by a mutex; a df_pool_for
  * made from inside a running job (nesting) runs inline on the calling thread.
@@ -73,9 +75,11 @@ struct df_pool {
     /* job description, written before `state` is released */
     _Atomic(task_fn) fn;
     _Atomic(void *) ctx;
-    _Atomic int total, align, slots;
+    _Atomic int total, align;
 
-    _Alignas(64) _Atomic uint64_t state; /* gen << 32 | slots claimed */
+    /* gen << 32 | slots << 16 | slots claimed: the slot count travels with the
+     * claims, so a claim made with another job's count cannot succeed */
+    _Alignas(64) _Atomic uint64_t state;
     _Alignas(64) _Atomic uint32_t gen;   /* futex word for sleeping workers */
     _Atomic int sleepers;
     _Atomic int stop;
@@ -160,8 +164,8 @@ static int run_slots(struct df_pool *p, uint32_t g) {
     int ran = 0;
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
     for (;;) {
-        int slots = atomic_load_explicit(&p->slots, memory_order_relaxed);
-        if ((uint32_t)(s >> 32) != g || (uint32_t)s >= (uint32_t)slots) return ran;
+        int slots = (int)(s >> 16 & 0xffff), c = (int)(s & 0xffff);
+        if ((uint32_t)(s >> 32) != g || c >= slots) return ran;
         /* read before the claim; a successful claim proves they belong to job g */
         task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
@@ -171,7 +175,7 @@ static int run_slots(struct df_pool *p, uint32_t g) {
                                                    memory_order_acquire))
             continue;
         int b, e;
-        range_of(total, align, slots, (int)(uint32_t)s, &b, &e);
+        range_of(total, align, slots, c, &b, &e);
         if (b < e) fn(ctx, b, e);
         ran++;
         uint32_t d = atomic_fetch_add(&p->done, 1) + 1;
@@ -205,7 +209,6 @@ df_pool *df_pool_new(int n_threads) {
     atomic_init(&p->ctx, NULL);
     atomic_init(&p->total, 0);
     atomic_init(&p->align, 1);
-    atomic_init(&p->slots, 0);
     atomic_init(&p->state, 0);
     atomic_init(&p->gen, 0);
     atomic_init(&p->done, 0);
@@ -268,10 +271,10 @@ void df_pool_for(df_pool *p, int n, int align, void (*fn)(void *ctx, int begin, 
     atomic_store_explicit(&p->total, n, memory_order_relaxed);
     atomic_store_explicit(&p->align, align, memory_order_relaxed);
     long chunks = ((long)n + align - 1) / align, most = (long)p->n * p->per_thread;
+    if (most > 0xffff) most = 0xffff;
     int slots = (int)(chunks < most ? chunks : most);
-    atomic_store_explicit(&p->slots, slots, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->state, (uint64_t)g << 32, memory_order_release);
+    atomic_store_explicit(&p->state, (uint64_t)g << 32 | (uint64_t)slots << 16, memory_order_release);
     atomic_store(&p->gen, g); /* seq_cst: orders against `sleepers` below */
     if (atomic_load(&p->sleepers) > 0) futex_wake(&p->gen);
 
