@@ -12,6 +12,7 @@
 #include "testutil.h"
 
 #include "kernels/kernels.h"
+#include "kernels/scaled.h"
 
 #include <math.h>
 #include <string.h>
@@ -497,23 +498,52 @@ static void test_products_fp8_forms(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* The scaled tables the SIMD products load: every entry is the exact
+ * decode(q) * scale (both products are exact in F32). */
+static void test_scaled_tables(void **state) {
+    (void)state;
+    const float(*e2)[16] = df_e2m1_tables(), (*i4)[16] = df_i4_tables();
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned q = 0; q < 16; q++) {
+            double want = ref_e2m1(q) * ref_e8m0((uint8_t)s);
+            if (!(e2[s][q] == (float)want || (isnan(want) && isnan(e2[s][q]))))
+                fail_msg("e2m1 table [%u][%u] = %g, want %g", s, q, e2[s][q], want);
+        }
+    for (unsigned i = 0; i < DF_I4_TAB_N; i++)
+        for (unsigned q = 0; q < 16; q++) {
+            double want = ref_i4(q) * ref_bf16((uint16_t)(DF_I4_TAB_LO + i));
+            if (i4[i][q] != (float)want || (double)i4[i][q] != want)
+                fail_msg("int4 table [0x%x][%u] = %g, want %g", DF_I4_TAB_LO + i, q, i4[i][q], want);
+        }
+}
+
 /* Every E8M0 scale code, and BF16 scales of every kind, at group positions
  * that the SIMD products widen 8 or 16 at a time (E8M0 0 and 255 are special
- * cases there: 2^-127 and NaN). */
+ * cases there: 2^-127 and NaN). INT4 twice: with scales of every kind, and
+ * with scales that df_i4_tables holds, its first and last among them, and
+ * two rows with one scale just outside it (AVX-512 multiplies for 16 groups
+ * of a row that have any such scale). */
 static void test_products_all_scales(void **state) {
     (void)state;
-    static const uint16_t bf16[] = {0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x0001,
-                                    0x0040, 0x8000, 0x0000, 0x0080, 0xc2f7};
-    const df_wfmt fs[2] = {df_wfmt_mxfp4(), df_wfmt_int4_group()};
-    for (int fi = 0; fi < 2; fi++) {
+    static const uint16_t bf16[] = {0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x0001, 0x0040,
+                                    0x8000, 0x0000, 0x0080, 0xc2f7, 0x2f7f, 0x2f80, 0x3f7f};
+    static const uint16_t tabled[] = {DF_I4_TAB_LO, DF_I4_TAB_LO + DF_I4_TAB_N - 1, 0x3c01, 0x3a55, 0x3000};
+    const df_wfmt fs[3] = {df_wfmt_mxfp4(), df_wfmt_int4_group(), df_wfmt_int4_group()};
+    for (int fi = 0; fi < 3; fi++) {
         enum { N = 16, G = 21, K = 32 * (G - 1) + 5 };
         qmat q = make_q(fs[fi], N, K, 0);
         for (int n = 0; n < N; n++)
             for (int j = 0; j < G; j++) {
                 int c = (n * G + j) % 256;
                 if (fi == 0) q.sc[n * G + j] = (uint8_t)c;
-                else memcpy(q.sc + 2 * (n * G + j), &bf16[c % (sizeof bf16 / 2)], 2);
+                else if (fi == 1) memcpy(q.sc + 2 * (n * G + j), &bf16[c % (sizeof bf16 / 2)], 2);
+                else memcpy(q.sc + 2 * (n * G + j), &tabled[c % (sizeof tabled / 2)], 2);
             }
+        if (fi == 2) { /* just outside the table at each end, among scales inside it */
+            const uint16_t lo = DF_I4_TAB_LO - 1, hi = DF_I4_TAB_LO + DF_I4_TAB_N;
+            memcpy(q.sc + 2 * (3 * G + 5), &hi, 2);
+            memcpy(q.sc + 2 * (7 * G + 18), &lo, 2);
+        }
         check_q(&q, 1, 1);
         check_q(&q, 5, 1);
         free_q(&q);
@@ -564,6 +594,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_products_big),
         cmocka_unit_test(test_products_special),
         cmocka_unit_test(test_products_fp8_forms),
+        cmocka_unit_test(test_scaled_tables),
         cmocka_unit_test(test_products_all_scales),
         cmocka_unit_test(test_row_views),
     };

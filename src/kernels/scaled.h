@@ -50,6 +50,15 @@ static inline float df_scale_at(const uint8_t *srow, df_scale_type t, int j) {
  * read stay in L1. */
 const float (*df_e2m1_tables(void))[16];
 
+/* INT4's scaled tables: entry [i][q] is fl((q - 8) * s) for the BF16 scale s
+ * with bits DF_I4_TAB_LO + i: the positive scales from 2^-32 up to 1, which
+ * hold a checkpoint's (a group's largest weight over 7), 4096 of them (256 KiB,
+ * computed once; a matrix's scales span a few binary orders, so the lines
+ * read stay in L1 or L2). A group with another scale multiplies. */
+#define DF_I4_TAB_LO 0x2f80u
+#define DF_I4_TAB_N 0x1000u
+const float (*df_i4_tables(void))[16];
+
 /* The one-token tile of a SIMD path's 4-bit formats for 32-value groups, as a
  * function of its own: NAME(y, x, w, rs, srow, K, pf, spf) calls that file's
  * qtile4 with the group size and the rows (RN) as constants. Inlined into its

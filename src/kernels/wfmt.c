@@ -114,6 +114,25 @@ const float (*df_e2m1_tables(void))[16] {
     return (const float (*)[16])e2m1_tables;
 }
 
+/* fl((q - 8) * s) for every code q and the BF16 scales s with bits from
+ * DF_I4_TAB_LO on (scaled.h) */
+static _Alignas(64) float i4_tables[DF_I4_TAB_N][16];
+static pthread_once_t i4_once = PTHREAD_ONCE_INIT;
+
+static void i4_init(void) {
+    for (unsigned i = 0; i < DF_I4_TAB_N; i++) {
+        uint32_t u = (DF_I4_TAB_LO + i) << 16;
+        float s;
+        memcpy(&s, &u, 4);
+        for (unsigned q = 0; q < 16; q++) i4_tables[i][q] = df_i4_to_f32(q) * s;
+    }
+}
+
+const float (*df_i4_tables(void))[16] {
+    pthread_once(&i4_once, i4_init);
+    return (const float (*)[16])i4_tables;
+}
+
 static float scale_def(const uint8_t *srow, df_scale_type t, int j) {
     if (t == DF_SC_F32) {
         float f;
