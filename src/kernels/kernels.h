@@ -70,7 +70,7 @@ void df_pool_set_slots(df_pool *p, int per_thread);
  *      F32 matrix of its decoded weights (df_wview_decode_rows) gives. The
  *      SIMD paths decode 8 to 32 values at a time in registers (for e4m3 the
  *      bits placed in an F16 and widened by vcvtph2ps, or, where no code has
- *      e = 0 (AVX-512; AVX2 for T > 1), placed in an F32, so that no F32
+ *      e = 0 (AVX-512, AVX2), placed in an F32, so that no F32
  *      subnormal reaches a multiply; a 16-entry table already multiplied by
  *      the group's scale for the 4-bit formats: a table entry is the same
  *      fl(decode(q) * scale));

@@ -14,12 +14,12 @@
  *    compare per 32 values finds NaN codes, and only then are they blended in.
  *    Without them, one-token products decode 16 values of a row at once (dec16:
  *    one widening, shift and mask of 16 bytes for both halves). The products
- *    for T > 1 take the F32 form (dec8n: the bits placed in an F32, decode(q)
- *    * 2^-120, times s * 2^120) where the 32 values of the rows have no e = 0
- *    and no NaN code, which is almost always in a checkpoint (+10-14 % at
- *    T = 4 in L2 on an idle core, 1-3 % with the host's other work on it).
- *    At T = 1 it measured -6 to +4 %: GCC keeps some of the 4-row group's
- *    accumulators in memory there.
+ *    take the F32 form (dec8n: the bits placed in an F32, decode(q) * 2^-120,
+ *    times s * 2^120) where the 32 values of the rows have no e = 0 and no
+ *    NaN code, which is almost always in a checkpoint (+10-14 % at T = 4 in
+ *    L2 on an idle core, 1-3 % with the host's other work on it; at T = 1
+ *    +7-8 % in L2 and +3 % from RAM in session 13, where session 12 had
+ *    measured -6 to +4 % and left it to T > 1).
  *  - E2M1: vpermps reads only 3 index bits, so the table holds the scaled
  *    magnitudes of codes 0-7 and the code's bit 3 becomes the sign with one
  *    xor (e2m1_sign): fl(-d * s) = -fl(d * s). (A second table and vblendvps
@@ -350,7 +350,7 @@ INL void qstepn(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
 }
 
 /* Columns [kb, ke) of one FP8 scale block (the 4-bit formats: qtile4): 32
- * values at a time, for T > 1 in the F32 form unless a row's codes there need
+ * values at a time, in the F32 form unless a row's codes there need
  * the F16 form (one test for all rows: with a branch per row, as
  * scaled_avx512.c has, GCC kept the accumulators in memory), then 16 at a
  * time. */
@@ -358,7 +358,7 @@ INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
                 int kb, int ke, int RN, int RT, int two) {
     int k = kb;
     for (; k + 32 <= ke; k += 32) {
-        int f16 = RT == 1; /* one token: the F16 form (the F32 form measured +-5 %) */
+        int f16 = 0; /* the F32 form unless a row's codes need the F16 form */
         #pragma GCC unroll 8
         for (int r = 0; r < RN && !f16; r++) f16 |= f16_codes32(w + r * rs + k);
         /* as in scaled_avx512.c: no loads hoisted above the test */
