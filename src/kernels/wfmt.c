@@ -3,7 +3,8 @@
  * which are computable), views of some rows, the one-value decodings that
  * define the scaled formats (e4m3, e2m1, INT4, E8M0), the portable decoding of
  * 16 scaled values (the C path's, and the definition the SIMD paths match),
- * MXFP4's scaled tables (df_e2m1_tables) and df_wview_decode_rows.
+ * the 4-bit formats' scaled tables (df_e2m1_tables, df_i4_tables) and
+ * df_wview_decode_rows.
  */
 #include "kernels/scaled.h"
 
