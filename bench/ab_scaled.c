@@ -8,7 +8,7 @@
  * and the median of the per-round ratio B/A; warns if the two disagree on
  * the result (they must be bit-identical).
  *
- *   ab_scaled MODE FORMAT REPS TOKENS
+ *   [MAP=1] ab_scaled MODE FORMAT REPS TOKENS (MAP=1: FP8 views carry their F16-form map)
  *   MODE l2: one thread, [64 x 7168] that stays in L2; ram: 2 threads,
  *   [2048 x 7168] copies cycling over 1 GiB. FORMAT fp8, int4 or mxfp4.
  *   CODES=random: FP8 codes drawn uniformly (1 in 8 at e = 0) instead of
@@ -102,6 +102,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < K * 8; i++) x[i] = (float)((i * 7) % 13 - 6) * 0.01f;
     df_wview *w = malloc(sizeof *w * (size_t)copies);
     for (int c = 0; c < copies; c++) w[c] = df_wview_scaled(f, buf + (size_t)c * per, buf + (size_t)c * per + so, N, K);
+    /* MAP=1: FP8 views carry the F16-form map (kernels.h) of their bytes, the same in
+     * every copy; a version of the file from before the map ignores it */
+    uint64_t *map = NULL;
+    if (f.elem == DF_EL_F8_E4M3 && getenv("MAP") && !strcmp(getenv("MAP"), "1")) {
+        map = malloc(sizeof(uint64_t) * df_fp8_map_words(K) * (size_t)N);
+        df_fp8_map_build(map, &w[0]);
+        for (int c = 0; c < copies; c++) w[c].f16map = map;
+    }
     double gA[64], gB[64], ratio[64];
     int cur = 0;
     for (int r = 0; r < reps; r++)

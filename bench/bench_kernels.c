@@ -20,11 +20,12 @@
  *    (compute-bound), above 1 a shortfall of of_membw is in overlapping the
  *    reads with the work.
  *    --tokens 1,2,8 picks the batch sizes (default 1); the C path only with
- *    --isa c.
+ *    --isa c. FP8 views carry their F16-form maps (kernels.h), as the engine's
+ *    resident FP8 weights do; --no-fp8-map leaves them out.
  *
  * Build: make B=build build/bench_kernels   (also part of `make bench`)
  * Run:   build/bench_kernels [--threads N] [--mem-mib M] [--isa c|avx2|avx512]
- *                            [--membw-only] [--formats [--tokens LIST]] [--slots N]
+ *                            [--membw-only] [--formats [--tokens LIST] [--no-fp8-map]] [--slots N]
  *        (bench/run.sh and bench/suite.sh read the `membw_gbs` line)
  */
 #include "e4m3_codes.h"
@@ -267,15 +268,21 @@ static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb)
 
 /* Copies of one format's [FM_N x FM_K] matrix laid out back to back in buf
  * (values, then scales, each 64-byte aligned). */
-static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv, uint64_t *packed) {
+static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv, uint64_t *packed,
+                    uint64_t *maps) {
     size_t vb = (size_t)df_wfmt_bytes(f, FM_N, FM_K), sb = (size_t)df_wfmt_scale_bytes(f, FM_N, FM_K);
     size_t step = ((vb + 63) & ~(size_t)63) + ((sb + 63) & ~(size_t)63);
+    size_t mw = df_fp8_map_words(FM_K) * FM_N;
     int n = 0;
     for (size_t off = 0; off + step <= bytes && n < maxv; off += step, n++) {
         uint8_t *vals = buf + off, *sc = vals + ((vb + 63) & ~(size_t)63);
         fm_fill(f, vals, vb, sc, sb);
         v[n] = f.scale == DF_SC_NONE ? df_wview_make(vals, DF_DT_BF16, FM_N, FM_K)
                                      : df_wview_scaled(f, vals, sc, FM_N, FM_K);
+        if (maps && f.elem == DF_EL_F8_E4M3) { /* as the engine's resident FP8 weights have */
+            df_fp8_map_build(maps + (size_t)n * mw, &v[n]);
+            v[n].f16map = maps + (size_t)n * mw;
+        }
     }
     *packed = vb + sb;
     return n;
@@ -296,11 +303,13 @@ static int parse_tokens(const char *s, int *ts) {
 }
 
 static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only_isa, const int *ts, int nt,
-                          int threads) {
+                          int threads, bool fp8_map) {
     static const df_wfmt BF16 = {DF_EL_BF16, DF_SC_NONE, 0, 0};
     const df_wfmt fmts[4] = {BF16, df_wfmt_fp8_block(), df_wfmt_int4_group(), df_wfmt_mxfp4()};
     enum { MAXV = 1024 };
     df_wview *v = malloc(sizeof *v * MAXV);
+    /* FP8's F16-form maps: 1/512 of the values, not counted in GB/s */
+    uint64_t *maps = fp8_map ? malloc(sizeof(uint64_t) * df_fp8_map_words(FM_K) * FM_N * MAXV) : NULL;
     float *x = df_aligned_alloc((size_t)64 * FM_K * 4), *y = df_aligned_alloc((size_t)64 * FM_N * 4);
     for (int i = 0; i < 64 * FM_K; i++) x[i] = (float)((int)(((int64_t)i * 7919) % 2001) - 1000) / 1000.0f;
     printf("\n# weight formats, [%d x %d] copies cycling over %zu MiB; GB/s = (values + scales) / time\n", FM_N,
@@ -310,7 +319,7 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
     for (int fi = 0; fi < 4; fi++) {
         uint64_t packed;
         /* the buffer doubles as the bandwidth pass's: refilled per format */
-        int nv = fm_views(fmts[fi], (uint8_t *)buf, mem_mib << 20, v, MAXV, &packed);
+        int nv = fm_views(fmts[fi], (uint8_t *)buf, mem_mib << 20, v, MAXV, &packed, maps);
         uint64_t cpacked;
         df_wview cv = cached_rows(&v[0], threads, &cpacked);
         for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
@@ -330,6 +339,7 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
     }
     df_isa_set(df_isa_detect());
     free(v);
+    free(maps);
     free(x);
     free(y);
 }
@@ -387,7 +397,7 @@ int main(int argc, char **argv) {
     int threads = 2;
     size_t mem_mib = 1024;
     int only_isa = -1;
-    bool membw_only = false, formats = false;
+    bool membw_only = false, formats = false, fp8_map = true;
     int ts[8] = {1}, nt = 1, slots = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -395,12 +405,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = df_isa_from_name(argv[++i]);
         else if (!strcmp(argv[i], "--membw-only")) membw_only = true; /* interleaving with runs */
         else if (!strcmp(argv[i], "--formats")) formats = true;
+        else if (!strcmp(argv[i], "--no-fp8-map")) fp8_map = false; /* FP8 testing its codes itself */
         else if (!strcmp(argv[i], "--slots") && i + 1 < argc) slots = atoi(argv[++i]); /* pool A/Bs */
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc && (nt = parse_tokens(argv[++i], ts)) > 0) continue;
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--mem-mib M] [--isa c|avx2|avx512] [--membw-only]\n"
-                    "       [--formats [--tokens T1,T2,...]] [--slots RANGES_PER_THREAD]\n",
+                    "       [--formats [--tokens T1,T2,...] [--no-fp8-map]] [--slots RANGES_PER_THREAD]\n",
                     argv[0]);
             return 2;
         }
@@ -430,7 +441,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (formats) {
-        bench_formats(pool, buf, mem_mib, only_isa, ts, nt, threads);
+        bench_formats(pool, buf, mem_mib, only_isa, ts, nt, threads, fp8_map);
         free(buf);
         df_pool_free(pool);
         df_pool_free(pool1);

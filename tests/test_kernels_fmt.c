@@ -498,6 +498,97 @@ static void test_products_fp8_forms(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* FP8 with its F16-form map (kernels.h): the map's bits are those of a byte-by-byte
+ * reference (rows of more than 64 groups: several words per row), and the products with
+ * it equal C on every path, batch, row split and thread count, as without it; so do
+ * views of some rows. Then a map with one bit wrongly cleared, over a group whose only
+ * code outside the F32 form is an e = 0 code, must change the AVX-512 product (else the
+ * map would not be read at all). */
+static void test_products_fp8_map(void **state) {
+    (void)state;
+    static const int Ks[] = {64, 200, 448, 4300};
+    static const int Ns[] = {3, 130};
+    df_wfmt f = df_wfmt_fp8_block();
+    for (int real = 1; real >= 0; real--)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                for (int special = 0; special < 2; special++) {
+                    int N = Ns[ni], K = Ks[ki];
+                    g_fp8_real = real;
+                    qmat q = make_q(f, N, K, special);
+                    g_fp8_real = 0;
+                    size_t wpr = df_fp8_map_words(K);
+                    assert_int_equal(wpr, (size_t)(K / 64 + 63) / 64);
+                    uint64_t *map = df_xmalloc(sizeof(uint64_t) * (wpr * (size_t)N + 1));
+                    map[wpr * (size_t)N] = 0xa5a5a5a5a5a5a5a5ull;
+                    df_fp8_map_build(map, &q.v);
+                    assert_true(map[wpr * (size_t)N] == 0xa5a5a5a5a5a5a5a5ull);
+                    int flagged = 0;
+                    for (int n = 0; n < N; n++)
+                        for (int g = 0; g < (int)wpr * 64; g++) {
+                            int want = 0;
+                            for (int i = 0; g < K / 64 && i < 64; i++)
+                                want |= ((q.vals[(size_t)n * K + 64 * g + i] + 1) & 0x70) == 0;
+                            int got = (int)(map[(size_t)n * wpr + g / 64] >> (g % 64)) & 1;
+                            if (got != want) fail_msg("K=%d N=%d: map bit of row %d group %d is %d", K, N, n, g, got);
+                            flagged += want;
+                        }
+                    if (real) assert_true(flagged > 0);
+                    q.v.f16map = map;
+                    check_q(&q, 1, special);
+                    check_q(&q, 5, special);
+                    free(map);
+                    free_q(&q);
+                }
+    /* views of some rows carry the map along */
+    enum { N = 300, K = 448, T = 1 };
+    g_fp8_real = 1;
+    qmat q = make_q(f, N, K, 0);
+    g_fp8_real = 0;
+    uint64_t *map = df_xmalloc(sizeof(uint64_t) * df_fp8_map_words(K) * N);
+    df_fp8_map_build(map, &q.v);
+    float x[K], yf[N], ys[N], ym[N];
+    for (int i = 0; i < K; i++) x[i] = rndf();
+    for (int isa = 0; isa < n_isas(); isa++) {
+        assert_int_equal(df_isa_set((df_isa)isa), 0);
+        q.v.f16map = NULL;
+        df_matmul(g_pools[1], yf, N, x, K, &q.v, T);
+        q.v.f16map = map;
+        df_matmul(g_pools[1], ym, N, x, K, &q.v, T);
+        assert_memory_equal(ym, yf, sizeof yf);
+        static const int r0s[] = {1, 127, 129, 250};
+        for (size_t i = 0; i < sizeof r0s / sizeof *r0s; i++) {
+            int r0 = r0s[i], n = N - r0 < 45 ? N - r0 : 45;
+            df_wview s = df_wview_rows(&q.v, r0, n), s2 = df_wview_rows(&s, 7, n - 7);
+            assert_true(s2.f16map == map + (size_t)(r0 + 7) * df_fp8_map_words(K));
+            df_matmul(g_pools[2], ys, N, x, K, &s2, T);
+            assert_memory_equal(ys, yf + r0 + 7, sizeof(float) * (n - 7));
+        }
+    }
+    /* the map is read: a cleared bit over an e = 0 code gives the F32 form's wrong weight */
+    if (df_isa_detect() == DF_ISA_AVX512) {
+        assert_int_equal(df_isa_set(DF_ISA_AVX512), 0);
+        uint8_t *row = q.vals; /* row 0, group 1: codes of e >= 2 but one e = 0 code */
+        for (int i = 64; i < 128; i++) row[i] = (uint8_t)(0x38 | (i & 7)); /* e = 7 */
+        row[70] = 0x05;
+        x[70] = 1.0f;
+        df_fp8_map_build(map, &q.v);
+        assert_true((map[0] >> 1) & 1);
+        df_matmul(NULL, ym, N, x, K, &q.v, T);
+        q.v.f16map = NULL;
+        df_matmul(NULL, yf, N, x, K, &q.v, T);
+        assert_memory_equal(ym, yf, sizeof yf);
+        map[0] &= ~(uint64_t)2;
+        q.v.f16map = map;
+        df_matmul(NULL, ym, N, x, K, &q.v, T);
+        assert_true(u_of(ym[0]) != u_of(yf[0]));
+        assert_memory_equal(ym + 1, yf + 1, sizeof(float) * (N - 1));
+    }
+    free(map);
+    free_q(&q);
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
 /* The scaled tables the SIMD products load: every entry is the exact
  * decode(q) * scale (both products are exact in F32). */
 static void test_scaled_tables(void **state) {
@@ -594,6 +685,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_products_big),
         cmocka_unit_test(test_products_special),
         cmocka_unit_test(test_products_fp8_forms),
+        cmocka_unit_test(test_products_fp8_map),
         cmocka_unit_test(test_scaled_tables),
         cmocka_unit_test(test_products_all_scales),
         cmocka_unit_test(test_row_views),

@@ -192,4 +192,5 @@ void df_engine_resident_weights(df_model *m) {
     huge_weights(m, done);
     df_engine_prefault(m, true, done);
     free(done);
+    df_model_fp8_maps(m); /* once: a budget's plan may have made them */
 }

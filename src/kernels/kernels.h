@@ -114,6 +114,9 @@ typedef struct df_wview {
     const void *scale; /* the scale grid, or NULL when fmt.scale is NONE */
     int rows, cols;
     int row0; /* 0 <= row0 < block_rows; 0 for a whole matrix */
+    /* FP8 only, optional: which 64-code groups need the F16 form (df_fp8_map_build), at the
+     * view's row 0; NULL: the kernels test the codes themselves. Either way the same w. */
+    const uint64_t *f16map;
 } df_wview;
 
 /* The unscaled format of a stored dtype (F32, F16, BF16, F8_E4M3); false if
@@ -128,7 +131,7 @@ size_t df_wfmt_row_bytes(df_wfmt f, int cols);
 uint64_t df_wfmt_bytes(df_wfmt f, int rows, int cols);       /* the values */
 uint64_t df_wfmt_scale_bytes(df_wfmt f, int rows, int cols); /* the scale grid */
 static inline df_wview df_wview_make(const void *data, df_dtype t, int rows, int cols) {
-    df_wview v = {{DF_EL_F32, DF_SC_NONE, 0, 0}, data, NULL, rows, cols, 0};
+    df_wview v = {{DF_EL_F32, DF_SC_NONE, 0, 0}, data, NULL, rows, cols, 0, NULL};
     df_wfmt_of_dtype(t, &v.fmt);
     return v;
 }
@@ -144,10 +147,17 @@ static inline df_wfmt df_wfmt_mxfp4(void) { return (df_wfmt){DF_EL_E2M1, DF_SC_E
 
 /* A scaled matrix: values and the scale grid (df_wfmt_scale_bytes) as shipped. */
 static inline df_wview df_wview_scaled(df_wfmt f, const void *data, const void *scale, int rows, int cols) {
-    df_wview v = {f, data, scale, rows, cols, 0};
+    df_wview v = {f, data, scale, rows, cols, 0, NULL};
     return v;
 }
-/* Rows [r0, r0 + n) of v (any format; the scale grid follows). */
+/* The F16-form map of an FP8 matrix: per row, df_fp8_map_words(cols) words; bit g of a
+ * row's word g / 64 is set where the codes [64g, 64g + 64) hold one that the AVX-512
+ * products' F32 form cannot take ((q + 1) & 0x70 == 0: e = 0, e = 1 with m < 7, NaN).
+ * Made once from the shipped bytes of a resident weight; it only selects between two
+ * exact decodings, so a view with or without it gives the same products. */
+size_t df_fp8_map_words(int cols);
+void df_fp8_map_build(uint64_t *map, const df_wview *v);
+/* Rows [r0, r0 + n) of v (any format; the scale grid and the map follow). */
 df_wview df_wview_rows(const df_wview *v, int r0, int n);
 /* Rows [r0, r0 + n) of v decoded exactly to F32 (dst[n][cols]): the w of the
  * contract, which is also what df_matmul multiplies by. For callers that need

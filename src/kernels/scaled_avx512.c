@@ -227,13 +227,14 @@ INL void row64(__m512 *acc, const float *x, int ldx, const uint8_t *row, __m512 
  * row in the form its codes allow (a branch per row: with one for all rows,
  * the F16 form ran four times as often), then 16 at a time. */
 INL void qblock(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, size_t rs, const __m512 *st,
-                int kb, int ke, int el, int RN, int RT, int two) {
+                int kb, int ke, int el, int RN, int RT, int two, const uint64_t *const *mr) {
     int k = kb;
     if (el == FP8) {
         for (; k + 64 <= ke; k += 64) {
             int f16[QNM];
             #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) f16[r] = f16_codes64(w + r * rs + k);
+            for (int r = 0; r < RN; r++)
+                f16[r] = mr ? (int)(mr[r][k >> 12] >> ((k >> 6) & 63)) & 1 : f16_codes64(w + r * rs + k);
             #pragma GCC unroll 8
             for (int r = 0; r < RN; r++) row64(acc[r], x, ldx, w + r * rs, st[r], k, RT, two, f16[r]);
         }
@@ -251,9 +252,11 @@ INL float hsum16(__m512 v) {
     return _mm_cvtss_f32(d);
 }
 
-/* y[t][r] for RN rows at w (stride rs bytes; scale rows srow), RT tokens: FP8. */
+/* y[t][r] for RN rows at w (stride rs bytes; scale rows srow), RT tokens: FP8. mr: the
+ * rows' F16-form maps (kernels.h), when bc is a multiple of 64 (their groups are then
+ * the steps of qblock), or NULL. */
 INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
-                const uint8_t *const *srow, int K, int bc, int RN, int RT, int pf) {
+                const uint8_t *const *srow, int K, int bc, int RN, int RT, int pf, const uint64_t *const *mr) {
     const int el = FP8;
     __m512 acc[QNM][QT];
     #pragma GCC unroll 8
@@ -269,8 +272,8 @@ INL void qtile8(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
                 for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
         }
         __m512 st[QNM];
-        if (block_state(st, srow, DF_SC_F32, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1);
-        else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0);
+        if (block_state(st, srow, DF_SC_F32, j, el, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 1, mr);
+        else qblock(acc, x, ldx, w, rs, st, kb, ke, el, RN, RT, 0, mr);
     }
     #pragma GCC unroll 8
     for (int t = 0; t < RT; t++)
@@ -408,7 +411,7 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
 INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
                const uint8_t *const *srow, int K, int bc, int el, int RN, int RT, int pf,
                const uint8_t *const *spf) {
-    if (el == FP8) qtile8(y, ldy, x, ldx, w, rs, srow, K, bc, RN, RT, pf);
+    if (el == FP8) qtile8(y, ldy, x, ldx, w, rs, srow, K, bc, RN, RT, pf, NULL);
     else if (bc == 32) qtile4(y, ldy, x, ldx, w, rs, srow, K, 32, bc, el, RN, RT, pf, spf);
     else qtile4(y, ldy, x, ldx, w, rs, srow, K, 0, bc, el, RN, RT, pf, spf);
 }
@@ -440,6 +443,9 @@ INL void qrows1(float *y, const float *x, const df_wview *v, int n0, int n1, int
     const int K = v->cols, bc = v->fmt.block_cols;
     const size_t rs = df_wfmt_row_bytes(v->fmt, K);
     const uint8_t *sr[QNM], *spf[QNM];
+    const uint64_t *mr[QNM];
+    const size_t wpr = df_fp8_map_words(K);
+    const bool map = el == FP8 && v->f16map && bc % 64 == 0;
     /* prefetch: see matmul_avx512.c */
     int next = RN * rs <= (32u << 10), pf = next ? (int)(RN * rs) : 2048;
     /* the scales pf bytes of values on: a later group's rows, or further in the row */
@@ -450,8 +456,13 @@ INL void qrows1(float *y, const float *x, const df_wview *v, int n0, int n1, int
             int nr = n + RN + r;
             sr[r] = df_scale_row(v, n + r);
             spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
+            if (map) mr[r] = v->f16map + (size_t)(n + r) * wpr;
         }
-        if (el != FP8 && bc == 32 && RN == QN1)
+        if (el == FP8 && map) /* two copies: the one without a map tests as before */
+            qtile8(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, RN, 1, pf, mr);
+        else if (el == FP8)
+            qtile8(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, RN, 1, pf, NULL);
+        else if (bc == 32 && RN == QN1)
             (el == I4 ? qtile4_t1_i4 : qtile4_t1_e2m1)(y + n, x, w + n * rs, rs, sr, K, pf, spf);
         else
             qtile(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, el, RN, 1, pf, spf);

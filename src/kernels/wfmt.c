@@ -3,8 +3,8 @@
  * which are computable), views of some rows, the one-value decodings that
  * define the scaled formats (e4m3, e2m1, INT4, E8M0), the portable decoding of
  * 16 scaled values (the C path's, and the definition the SIMD paths match),
- * the 4-bit formats' scaled tables (df_e2m1_tables, df_i4_tables) and
- * df_wview_decode_rows.
+ * the 4-bit formats' scaled tables (df_e2m1_tables, df_i4_tables), FP8's
+ * F16-form maps (df_fp8_map_build) and df_wview_decode_rows.
  */
 #include "kernels/scaled.h"
 
@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const char *const ELEM_NAMES[DF_EL_COUNT] = {"F32", "F16", "BF16", "F8_E4M3", "I4", "E2M1"};
 static const char *const SCALE_NAMES[] = {"", "F32", "BF16", "E8M0"};
@@ -72,12 +73,43 @@ df_wview df_wview_rows(const df_wview *v, int r0, int n) {
     df_wview s = *v;
     s.data = (const char *)v->data + (size_t)r0 * df_wfmt_row_bytes(v->fmt, v->cols);
     s.rows = n;
+    if (v->f16map) s.f16map = v->f16map + (size_t)r0 * df_fp8_map_words(v->cols);
     if (v->fmt.scale != DF_SC_NONE && v->fmt.block_rows > 0) {
         int a = v->row0 + r0;
         s.scale = df_scale_row(v, r0);
         s.row0 = a % v->fmt.block_rows;
     }
     return s;
+}
+
+size_t df_fp8_map_words(int cols) { return cols > 0 ? ((size_t)cols / 64 + 63) / 64 : 0; }
+
+/* Whether one of the 8 codes in x needs the F16 form: ((q & 0x7f) + 1) & 0x70 is the
+ * test's (q + 1) & 0x70 (bit 7 cannot carry into bits 4-6), and no byte carries into the
+ * next (at most 0x80); shifted down, a flagged byte is 0, found by the usual zero-byte test
+ * (exact for bytes below 0x80). */
+static inline bool f16_codes8(uint64_t x) {
+    const uint64_t ones = 0x0101010101010101ull;
+    uint64_t z = (((x & 0x7f7f7f7f7f7f7f7full) + ones) & 0x7070707070707070ull) >> 4;
+    return ((z - ones) & ~z & 0x8080808080808080ull) != 0;
+}
+
+void df_fp8_map_build(uint64_t *map, const df_wview *v) {
+    size_t wpr = df_fp8_map_words(v->cols), rs = df_wfmt_row_bytes(v->fmt, v->cols);
+    for (int r = 0; r < v->rows; r++) {
+        const uint8_t *row = (const uint8_t *)v->data + (size_t)r * rs;
+        uint64_t *m = map + (size_t)r * wpr;
+        memset(m, 0, wpr * sizeof *m);
+        for (int g = 0; g < v->cols / 64; g++) {
+            bool f = false;
+            for (int i = 0; i < 8; i++) {
+                uint64_t x;
+                memcpy(&x, row + 64 * (size_t)g + 8 * (size_t)i, 8);
+                f |= f16_codes8(x);
+            }
+            m[g / 64] |= (uint64_t)f << (g % 64);
+        }
+    }
 }
 
 /* ---- the definitions ------------------------------------------------------ */

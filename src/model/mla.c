@@ -149,7 +149,7 @@ static void block_items(void *vctx, int k0, int k1) {
             if (n[i - i0] > nb) nb = n[i - i0];
         }
         const float *blk = c->cache + (size_t)b * MLA_BLOCK * (size_t)dim;
-        df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, blk, NULL, nb, dim, 0};
+        df_wview cv = {{DF_EL_F32, DF_SC_NONE, 0, 0}, blk, NULL, nb, dim, 0, NULL};
         float *s0 = slot(c, w, i0);
         df_matmul_rows(s0, ld, c->w->qcat + ((size_t)c->g0 * a->nh + (size_t)i0) * dim, dim, &cv, i1 - i0, 0, nb);
         for (int i = i0; i < i1; i++) {

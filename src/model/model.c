@@ -217,9 +217,28 @@ void df_model_free(df_model *m) {
     free(m->used);
     if (m->ram) munmap(m->ram, m->ram_bytes);
     free(m->ram_of);
+    free(m->fp8_maps);
     if (m->st) df_st_close(m->st);
     df_quant_free(m->quant);
     memset(m, 0, sizeof *m);
+}
+
+void df_model_fp8_maps(df_model *m) {
+    if (m->fp8_maps) return;
+    size_t words = 0, o = 0;
+    for (int i = 0; i < m->n_active; i++) {
+        const df_wview *v = &m->active[i]->v;
+        if (v->fmt.elem == DF_EL_F8_E4M3) words += df_fp8_map_words(v->cols) * (size_t)v->rows;
+    }
+    if (!words) return;
+    m->fp8_maps = df_xmalloc(sizeof(uint64_t) * words);
+    for (int i = 0; i < m->n_active; i++) {
+        df_wview *v = &m->active[i]->v;
+        if (v->fmt.elem != DF_EL_F8_E4M3 || v->f16map) continue; /* one registered twice */
+        df_fp8_map_build(m->fp8_maps + o, v);
+        v->f16map = m->fp8_maps + o;
+        o += df_fp8_map_words(v->cols) * (size_t)v->rows;
+    }
 }
 
 /* ---- always-active matrices in anonymous memory ----------------------------------
