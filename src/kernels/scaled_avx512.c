@@ -28,8 +28,12 @@
  *    do: normal weights scaled to a block maximum of 448 put about one code
  *    in 2000 at e <= 1 (+6-14 % in L2, 0-9 % from RAM; random codes, where
  *    every group needs the F16 form, lose 16-20 % to the extra test and the
- *    rows decoded one by one). 0x7F/0xFF (NaN) are found with one byte compare
- *    per 64 values; only a group that has one blends NaN into its lanes.
+ *    rows decoded one by one). A view with an F16-form map (kernels.h: the
+ *    always-active FP8 matrices have one) gives that test's answer per 64
+ *    values from a bit instead (+5-10 % in L2, +8 % from RAM on Zen 4, where
+ *    the test was an eighth of the operations; one-token tiles only).
+ *    0x7F/0xFF (NaN) are found with one byte compare per 64 values; only a
+ *    group that has one blends NaN into its lanes.
  *  - INT4 and E2M1: a 16-entry table of decode(q), multiplied by the group's
  *    scale once per group (each entry is then fl(decode(q) * scale)), looked up
  *    with vpermps, which reads the low 4 bits of each index lane. E2M1 has
