@@ -502,8 +502,8 @@ static void test_products_fp8_forms(void **state) {
  * reference (rows of more than 64 groups: several words per row), and the products with
  * it equal C on every path, batch, row split and thread count, as without it; so do
  * views of some rows. Then a map with one bit wrongly cleared, over a group whose only
- * code outside the F32 form is an e = 0 code, must change the AVX-512 product (else the
- * map would not be read at all). */
+ * code outside the F32 form is a NaN code (or, on AVX-512, an e = 0 code), must change
+ * the product of that row on each SIMD path (else the map would not be read at all). */
 static void test_products_fp8_map(void **state) {
     (void)state;
     static const int Ks[] = {64, 200, 448, 4300};
@@ -566,25 +566,31 @@ static void test_products_fp8_map(void **state) {
             assert_memory_equal(ys, yf + r0 + 7, sizeof(float) * (n - 7));
         }
     }
-    /* the map is read: a cleared bit over an e = 0 code gives the F32 form's wrong weight */
-    if (df_isa_detect() == DF_ISA_AVX512) {
-        assert_int_equal(df_isa_set(DF_ISA_AVX512), 0);
-        uint8_t *row = q.vals; /* row 0, group 1: codes of e >= 2 but one e = 0 code */
-        for (int i = 64; i < 128; i++) row[i] = (uint8_t)(0x38 | (i & 7)); /* e = 7 */
-        row[70] = 0x05;
-        x[70] = 1.0f;
-        df_fp8_map_build(map, &q.v);
-        assert_true((map[0] >> 1) & 1);
-        df_matmul(NULL, ym, N, x, K, &q.v, T);
-        q.v.f16map = NULL;
-        df_matmul(NULL, yf, N, x, K, &q.v, T);
-        assert_memory_equal(ym, yf, sizeof yf);
-        map[0] &= ~(uint64_t)2;
-        q.v.f16map = map;
-        df_matmul(NULL, ym, N, x, K, &q.v, T);
-        assert_true(u_of(ym[0]) != u_of(yf[0]));
-        assert_memory_equal(ym + 1, yf + 1, sizeof(float) * (N - 1));
-    }
+    /* the map is read: a bit cleared over a NaN code (every SIMD path), or over an e = 0
+     * code (AVX-512, whose F32 form has no subnormals), gives the F32 form's wrong weight */
+    uint8_t *row = q.vals; /* group 1 of rows 0-3 (AVX2 tests a tile's 4 rows at once): */
+    for (int isa = DF_ISA_AVX2; isa < n_isas(); isa++) /* codes of e = 7 but one in row 0 */
+        for (int code = 0; code < 2; code++) {
+            if (code == 1 && isa != DF_ISA_AVX512) continue;
+            assert_int_equal(df_isa_set((df_isa)isa), 0);
+            for (int r = 0; r < 4; r++)
+                for (int i = 64; i < 128; i++) row[r * K + i] = (uint8_t)(0x38 | (i & 7));
+            row[70] = code ? 0x05 : 0x7f;
+            x[70] = 1.0f;
+            df_fp8_map_build(map, &q.v);
+            assert_true((map[0] >> 1) & 1);
+            q.v.f16map = map;
+            df_matmul(NULL, ym, N, x, K, &q.v, T);
+            q.v.f16map = NULL;
+            df_matmul(NULL, yf, N, x, K, &q.v, T);
+            for (int n = 0; n < N; n++) assert_true(same(ym[n], yf[n]));
+            assert_true(code || isnan(yf[0]));
+            map[0] &= ~(uint64_t)2;
+            q.v.f16map = map;
+            df_matmul(NULL, ym, N, x, K, &q.v, T);
+            if (same(ym[0], yf[0])) fail_msg("%s: a cleared map bit over code %#x changed nothing", df_isa_name((df_isa)isa), row[70]);
+            for (int n = 1; n < N; n++) assert_true(same(ym[n], yf[n]));
+        }
     free(map);
     free_q(&q);
     assert_int_equal(df_isa_set(df_isa_detect()), 0);

@@ -19,7 +19,9 @@
  *    NaN code, which is almost always in a checkpoint (+10-14 % at T = 4 in
  *    L2 on an idle core, 1-3 % with the host's other work on it; at T = 1
  *    +7-8 % in L2 and +3 % from RAM in session 13, where session 12 had
- *    measured -6 to +4 % and left it to T > 1).
+ *    measured -6 to +4 % and left it to T > 1). A view with an F16-form map
+ *    (kernels.h) answers that test at T = 1 from the bits of the 64-code
+ *    groups instead (+5 % on Zen 4).
  *  - E2M1: vpermps reads only 3 index bits, so the table holds the scaled
  *    magnitudes of codes 0-7 and the code's bit 3 becomes the sign with one
  *    xor (e2m1_sign): fl(-d * s) = -fl(d * s). (A second table and vblendvps
@@ -355,12 +357,17 @@ INL void qstepn(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
  * scaled_avx512.c has, GCC kept the accumulators in memory), then 16 at a
  * time. */
 INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t *w, size_t rs, const qstate *st,
-                int kb, int ke, int RN, int RT, int two) {
+                int kb, int ke, int RN, int RT, int two, const uint64_t *const *mr) {
     int k = kb;
     for (; k + 32 <= ke; k += 32) {
         int f16 = 0; /* the F32 form unless a row's codes need the F16 form */
-        #pragma GCC unroll 8
-        for (int r = 0; r < RN && !f16; r++) f16 |= f16_codes32(w + r * rs + k);
+        if (mr) { /* the rows' maps (kernels.h): their 64-code group holds these 32 */
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN; r++) f16 |= (int)(mr[r][k >> 12] >> ((k >> 6) & 63)) & 1;
+        } else {
+            #pragma GCC unroll 8
+            for (int r = 0; r < RN && !f16; r++) f16 |= f16_codes32(w + r * rs + k);
+        }
         /* as in scaled_avx512.c: no loads hoisted above the test */
         __asm__ volatile("" ::: "memory");
         if (__builtin_expect(!f16, 1)) {
@@ -484,10 +491,11 @@ INL void qtile4(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
 DF_QTILE4_T1(qtile4_t1_i4, I4, QG4)
 DF_QTILE4_T1(qtile4_t1_e2m1, E2M1, QG4)
 
-/* FP8 here; the 4-bit formats in qtile4 (spf: see there) */
+/* FP8 here; the 4-bit formats in qtile4 (spf: see there). mr: FP8 rows' F16-form maps
+ * when bc is a multiple of 64, or NULL. */
 INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t rs,
                const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int RT, int pf,
-               const uint8_t *const *spf) {
+               const uint8_t *const *spf, const uint64_t *const *mr) {
     if (el != FP8) {
         if (bc == 32) qtile4(y, ldy, x, ldx, w, rs, srow, K, 32, bc, el, RN, RT, pf, spf);
         else qtile4(y, ldy, x, ldx, w, rs, srow, K, 0, bc, el, RN, RT, pf, spf);
@@ -505,8 +513,8 @@ INL void qtile(float *y, int ldy, const float *x, int ldx, const uint8_t *w, siz
                 #pragma GCC unroll 8
                 for (int r = 0; r < RN; r++) _mm_prefetch((const char *)w + r * rs + o + pf, _MM_HINT_T1);
         qstate st[QMAX];
-        if (block_state(st, srow, sct, j, FP8, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, RN, RT, 1);
-        else qblock(acc, x, ldx, w, rs, st, kb, ke, RN, RT, 0);
+        if (block_state(st, srow, sct, j, FP8, RN)) qblock(acc, x, ldx, w, rs, st, kb, ke, RN, RT, 1, mr);
+        else qblock(acc, x, ldx, w, rs, st, kb, ke, RN, RT, 0, mr);
     }
     #pragma GCC unroll 8
     for (int t = 0; t < RT; t++)
@@ -519,8 +527,9 @@ INL void qstrip(float *y, int ldy, const float *x, int ldx, const uint8_t *w, si
                 const uint8_t *const *srow, df_scale_type sct, int K, int bc, int el, int RN, int nt) {
     int t = 0, tf = nt - nt % QT;
     for (; t < tf; t += QT)
-        qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0, NULL);
-    if (nt > tf) qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0, NULL);
+        qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, QT, 0, NULL, NULL);
+    if (nt > tf)
+        qtile(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, rs, srow, sct, K, bc, el, RN, 1, 0, NULL, NULL);
 }
 
 INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, int T, int n0, int n1, int el) {
@@ -531,6 +540,9 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
     const uint8_t *sr[QMAX], *spf[QMAX];
     if (T == 1) {
         const int G = el == FP8 ? QG : QG4;
+        const uint64_t *mr[QMAX];
+        const size_t wpr = df_fp8_map_words(K);
+        const bool map = el == FP8 && v->f16map && bc % 64 == 0;
         int next = G * rs <= (32u << 10), pf = next ? (int)(G * rs) : 2048;
         /* the 4-bit formats' scales pf bytes of values on (as scaled_avx512.c) */
         size_t spo = el == FP8 ? 0 : (size_t)(2 * pf / bc) * (el == I4 ? 2 : 1);
@@ -540,15 +552,18 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
                 int nr = n + G + r;
                 sr[r] = df_scale_row(v, n + r);
                 spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
+                if (map) mr[r] = v->f16map + (size_t)(n + r) * wpr;
             }
             if (el != FP8 && bc == 32)
                 (el == I4 ? qtile4_t1_i4 : qtile4_t1_e2m1)(y + n, x, w + n * rs, rs, sr, K, pf, spf);
+            else if (map) /* two copies: the one without a map tests as before */
+                qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, G, 1, pf, spf, mr);
             else
-                qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, G, 1, pf, spf);
+                qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, G, 1, pf, spf, NULL);
         }
         for (; n < n1; n++) {
             sr[0] = df_scale_row(v, n);
-            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0, NULL);
+            qtile(y + n, ldy, x, ldx, w + n * rs, rs, sr, sct, K, bc, el, 1, 1, 0, NULL, NULL);
         }
         return;
     }
