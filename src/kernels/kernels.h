@@ -151,8 +151,9 @@ static inline df_wview df_wview_scaled(df_wfmt f, const void *data, const void *
     return v;
 }
 /* The F16-form map of an FP8 matrix: per row, df_fp8_map_words(cols) words; bit g of a
- * row's word g / 64 is set where the codes [64g, 64g + 64) hold one that the AVX-512
- * products' F32 form cannot take ((q + 1) & 0x70 == 0: e = 0, e = 1 with m < 7, NaN).
+ * row's word g / 64 is set where the codes [64g, 64g + 64) hold one that the SIMD
+ * products test for before their F32 form ((q + 1) & 0x70 == 0: e = 0, e = 1 with m < 7,
+ * NaN).
  * Made once from the shipped bytes of a resident weight; it only selects between two
  * exact decodings, so a view with or without it gives the same products. */
 size_t df_fp8_map_words(int cols);

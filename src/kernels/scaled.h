@@ -19,6 +19,15 @@ static inline const uint8_t *df_scale_row(const df_wview *w, int n) {
     return (const uint8_t *)w->scale + gr * gc * df_sc_size(w->fmt.scale);
 }
 
+/* FP8's F16-form map (kernels.h) as the products read it: row n's words when the view
+ * has a map they can use (its blocks' 64-value steps then start on the map's 64-column
+ * groups), else NULL; and the bit of the group at column k (a multiple of 64). */
+static inline const uint64_t *df_fp8_map_row(const df_wview *w, int n) {
+    if (!w->f16map || w->fmt.block_cols % 64) return NULL;
+    return w->f16map + (size_t)n * df_fp8_map_words(w->cols);
+}
+static inline int df_fp8_map_bit(const uint64_t *row, int k) { return (int)(row[k >> 12] >> ((k >> 6) & 63)) & 1; }
+
 /* E8M0 as F32 bits, 2^(s - 127): s = 0 is the subnormal 2^-127, s = 255 NaN.
  * The SIMD paths' form of df_e8m0_to_f32 (which uses ldexpf); the tests check
  * the two agree on all 256 values. */

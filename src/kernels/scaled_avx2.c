@@ -363,7 +363,7 @@ INL void qblock(__m256 acc[QMAX][QT][2], const float *x, int ldx, const uint8_t 
         int f16 = 0; /* the F32 form unless a row's codes need the F16 form */
         if (mr) { /* the rows' maps (kernels.h): their 64-code group holds these 32 */
             #pragma GCC unroll 8
-            for (int r = 0; r < RN; r++) f16 |= (int)(mr[r][k >> 12] >> ((k >> 6) & 63)) & 1;
+            for (int r = 0; r < RN; r++) f16 |= df_fp8_map_bit(mr[r], k);
         } else {
             #pragma GCC unroll 8
             for (int r = 0; r < RN && !f16; r++) f16 |= f16_codes32(w + r * rs + k);
@@ -541,8 +541,7 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
     if (T == 1) {
         const int G = el == FP8 ? QG : QG4;
         const uint64_t *mr[QMAX];
-        const size_t wpr = df_fp8_map_words(K);
-        const bool map = el == FP8 && v->f16map && bc % 64 == 0;
+        const bool map = el == FP8 && df_fp8_map_row(v, 0);
         int next = G * rs <= (32u << 10), pf = next ? (int)(G * rs) : 2048;
         /* the 4-bit formats' scales pf bytes of values on (as scaled_avx512.c) */
         size_t spo = el == FP8 ? 0 : (size_t)(2 * pf / bc) * (el == I4 ? 2 : 1);
@@ -552,7 +551,7 @@ INL void qrows(float *y, int ldy, const float *x, int ldx, const df_wview *v, in
                 int nr = n + G + r;
                 sr[r] = df_scale_row(v, n + r);
                 spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
-                if (map) mr[r] = v->f16map + (size_t)(n + r) * wpr;
+                if (map) mr[r] = df_fp8_map_row(v, n + r);
             }
             if (el != FP8 && bc == 32)
                 (el == I4 ? qtile4_t1_i4 : qtile4_t1_e2m1)(y + n, x, w + n * rs, rs, sr, K, pf, spf);

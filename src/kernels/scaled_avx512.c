@@ -238,7 +238,7 @@ INL void qblock(__m512 acc[QNM][QT], const float *x, int ldx, const uint8_t *w, 
             int f16[QNM];
             #pragma GCC unroll 8
             for (int r = 0; r < RN; r++)
-                f16[r] = mr ? (int)(mr[r][k >> 12] >> ((k >> 6) & 63)) & 1 : f16_codes64(w + r * rs + k);
+                f16[r] = mr ? df_fp8_map_bit(mr[r], k) : f16_codes64(w + r * rs + k);
             #pragma GCC unroll 8
             for (int r = 0; r < RN; r++) row64(acc[r], x, ldx, w + r * rs, st[r], k, RT, two, f16[r]);
         }
@@ -448,8 +448,7 @@ INL void qrows1(float *y, const float *x, const df_wview *v, int n0, int n1, int
     const size_t rs = df_wfmt_row_bytes(v->fmt, K);
     const uint8_t *sr[QNM], *spf[QNM];
     const uint64_t *mr[QNM];
-    const size_t wpr = df_fp8_map_words(K);
-    const bool map = el == FP8 && v->f16map && bc % 64 == 0;
+    const bool map = el == FP8 && df_fp8_map_row(v, 0);
     /* prefetch: see matmul_avx512.c */
     int next = RN * rs <= (32u << 10), pf = next ? (int)(RN * rs) : 2048;
     /* the scales pf bytes of values on: a later group's rows, or further in the row */
@@ -460,7 +459,7 @@ INL void qrows1(float *y, const float *x, const df_wview *v, int n0, int n1, int
             int nr = n + RN + r;
             sr[r] = df_scale_row(v, n + r);
             spf[r] = next ? df_scale_row(v, nr < n1 ? nr : n1 - 1) : sr[r] + spo;
-            if (map) mr[r] = v->f16map + (size_t)(n + r) * wpr;
+            if (map) mr[r] = df_fp8_map_row(v, n + r);
         }
         if (el == FP8 && map) /* two copies: the one without a map tests as before */
             qtile8(y + n, 1, x, 0, w + n * rs, rs, sr, K, bc, RN, 1, pf, mr);
