@@ -84,7 +84,8 @@ static int load_checkpoint(df_engine *e, const char *dir, df_error *err) {
 /* Where routed experts come from: streamed under a budget or from a pack, or
  * resident. The routing replay is set up first, so that the budget counts
  * the trace in what is resident. */
-static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
+static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, int nt,
+                         df_error *err) {
     const df_config *c = &e->model.cfg;
     int rc;
     if (dev && dev->replay_routing && (rc = df_engine_setup_replay(e, dev->replay_routing, err))) return rc;
@@ -123,7 +124,7 @@ static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engi
         df_engine_free_replay(e);
         return rc;
     }
-    if (!e->store && !in_place) df_engine_resident_weights(&e->model);
+    if (!e->store && !in_place) df_engine_resident_weights(&e->model, nt);
     if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
     return DF_OK;
 }
@@ -162,7 +163,7 @@ static int open_rest(df_engine *e, const df_engine_opts *opts, const df_engine_d
                      const char *experts, df_error *err) {
     df_engine_opts o = *opts;
     o.experts = experts;
-    int rc = setup_experts(e, &o, dev, err);
+    int rc = setup_experts(e, &o, dev, in.nt, err);
     if (rc) return df_engine_ranks_blame(e, rc, err);
     const df_config *c = &e->model.cfg;
     for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);

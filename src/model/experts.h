@@ -53,6 +53,11 @@ typedef struct df_expert_inventory {
      * NULL; filled by df_model_check_experts (NULL until then) */
     const df_tensor **xs;
     uint64_t bytes;        /* all of them, as stored */
+    /* Experts used in place (the resident source): each FP8 matrix's F16-form map
+     * (kernels.h), xmap[(layer * E + e) * DF_EXPERT_MATS + k], all in `maps`; NULL
+     * until df_expert_fp8_maps */
+    const uint64_t **xmap;
+    uint64_t *maps;
 } df_expert_inventory;
 
 /* Finds every routed expert's tensors by the architecture's naming (arch.h)
@@ -132,7 +137,13 @@ struct df_xsource {
 };
 
 /* Experts used in place, from the tensors' own memory (the checkpoint's
- * mapping). */
+ * mapping), with their FP8 matrices' maps when df_expert_fp8_maps made them. */
 df_xsource *df_xsource_resident(const df_expert_inventory *inv);
+/* Makes the F16-form maps of every FP8 expert matrix from its bytes in place (a bit
+ * per 64 codes, a row's in whole 64-bit words), once, on up to n_threads threads: for
+ * the resident source, whose views then carry them (the one-token products read the
+ * bit instead of testing the codes). Streamed experts have none: their products test
+ * the codes, and their speed is the disk's. */
+void df_expert_fp8_maps(df_expert_inventory *inv, int n_threads);
 
 #endif

@@ -223,7 +223,16 @@ void df_model_free(df_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-void df_model_fp8_maps(df_model *m) {
+typedef struct map_job {
+    df_wview **v; /* the FP8 matrices, each once */
+} map_job;
+
+static void map_range(void *ctx, int begin, int end) {
+    map_job *j = ctx;
+    for (int i = begin; i < end; i++) df_fp8_map_build((uint64_t *)j->v[i]->f16map, j->v[i]);
+}
+
+void df_model_fp8_maps(df_model *m, int n_threads) {
     if (m->fp8_maps) return;
     size_t words = 0, o = 0;
     for (int i = 0; i < m->n_active; i++) {
@@ -232,13 +241,19 @@ void df_model_fp8_maps(df_model *m) {
     }
     if (!words) return;
     m->fp8_maps = df_xmalloc(sizeof(uint64_t) * words);
+    map_job j = {df_xmalloc(sizeof(df_wview *) * (size_t)m->n_active)};
+    int n = 0;
     for (int i = 0; i < m->n_active; i++) {
         df_wview *v = &m->active[i]->v;
         if (v->fmt.elem != DF_EL_F8_E4M3 || v->f16map) continue; /* one registered twice */
-        df_fp8_map_build(m->fp8_maps + o, v);
         v->f16map = m->fp8_maps + o;
         o += df_fp8_map_words(v->cols) * (size_t)v->rows;
+        j.v[n++] = v;
     }
+    df_pool *pool = df_pool_new(n_threads > 0 ? n_threads : 1);
+    df_pool_for(pool, n, 1, map_range, &j);
+    df_pool_free(pool);
+    free(j.v);
 }
 
 /* ---- always-active matrices in anonymous memory ----------------------------------
