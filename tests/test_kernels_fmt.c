@@ -103,9 +103,18 @@ static void fp8_sprinkle(uint8_t *row, int K, int nan_ok) {
     }
 }
 
+/* F32 scales powers of two (g_pow2, as DeepSeek-V3.1's): special ones at and past the
+ * ends of the range that the one-token FP8 products move onto the activations. */
+static int g_pow2;
+
 /* A scale: ordinary for its format, or (special) one of the extremes. */
 static void put_scale(uint8_t *p, df_scale_type t, int special) {
-    if (t == DF_SC_F32) {
+    if (t == DF_SC_F32 && g_pow2) {
+        static const int ks[] = {-120, -121, 119, 120, -126, -127, 0, -8, -9, 60};
+        float s = special && rnd() % 2 ? ldexpf(1.0f, ks[rnd() % (sizeof ks / sizeof *ks)])
+                                       : ldexpf(1.0f, -7 - (int)(rnd() % 12));
+        memcpy(p, &s, 4);
+    } else if (t == DF_SC_F32) {
         static const uint32_t odd[] = {0x3f800000u, 0x7b800000u /* 2^120: two-multiply form */, 0x7f000000u,
                                        0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u, 0x00400000u,
                                        0x80000000u, 0x00000000u, 0x1f000000u, 0x5f000000u};
@@ -356,6 +365,22 @@ static void fill_y(float *y, int T, int N, int ldy) {
 /* One matrix and batch: (a) every path == C, (b) row by row == batch, rows
  * split, (c) threads, (d) == the F32 product of the decoded matrix, (e) close
  * to the double reference (finite data). */
+/* Activations with extremes (g_x_extreme: 1 in 64 of them; nan_any must be set): tiny
+ * normals and subnormals, which a power-of-two block scale moved onto them would round,
+ * and huge ones it would overflow, and zeros. */
+static int g_x_extreme;
+
+static float rnd_x(void) {
+    if (!g_x_extreme || rnd() % 64) return rndf();
+    switch (rnd() % 5) {
+    case 0: return ldexpf(rndf(), -120 - (int)(rnd() % 6)); /* normal near 2^-126, or subnormal */
+    case 1: return f_of(rnd() & 0x807fffffu);                /* subnormal */
+    case 2: return ldexpf(rndf(), 100 + (int)(rnd() % 28));  /* huge */
+    case 3: return ldexpf(rndf(), -100);
+    default: return rnd() % 2 ? 0.0f : -0.0f;
+    }
+}
+
 static void check_q(const qmat *q, int T, int nan_any) {
     const df_wview *v = &q->v;
     int N = v->rows, K = v->cols, ldx = K + 5, ldy = N + 3;
@@ -364,7 +389,7 @@ static void check_q(const qmat *q, int T, int nan_any) {
     float *wd = df_xmalloc(((size_t)N * K + 1) * 4);
     for (size_t i = 0; i < (size_t)T * ldx; i++) x[i] = f_of(0x7fa5a5a5u); /* padding: never read */
     for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) x[(size_t)t * ldx + k] = rndf();
+        for (int k = 0; k < K; k++) x[(size_t)t * ldx + k] = rnd_x();
     const char *fn = df_wfmt_name(v->fmt);
     assert_int_equal(df_isa_set(DF_ISA_C), 0);
     fill_y(ref, T, N, ldy);
@@ -498,6 +523,72 @@ static void test_products_fp8_forms(void **state) {
     assert_int_equal(df_isa_set(df_isa_detect()), 0);
 }
 
+/* FP8 with power-of-two block scales (DeepSeek-V3.1's): the one-token tiles move a
+ * scale shared by their rows onto the activations where that is exact, and must equal
+ * C on every path, with and without maps: scales at and past the ends of the range
+ * (2^-120, 2^119 and beyond), activations of every magnitude (rounded or overflowed by
+ * the move, were it made for them), rows of one block and of several. */
+static void test_products_fp8_pow2(void **state) {
+    (void)state;
+    static const int Ks[] = {64, 200, 448, 1000};
+    static const int Ns[] = {3, 9, 130};
+    df_wfmt fs[2] = {df_wfmt_fp8_block(), {DF_EL_F8_E4M3, DF_SC_F32, 2, 128}};
+    g_pow2 = 1;
+    for (int fi = 0; fi < 2; fi++)
+        for (int real = 1; real >= 0; real--)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+                for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+                    for (int special = 0; special < 2; special++) {
+                        int N = Ns[ni], K = Ks[ki];
+                        g_fp8_real = real;
+                        qmat q = make_q(fs[fi], N, K, special);
+                        g_fp8_real = 0;
+                        uint64_t *map = df_xmalloc(sizeof(uint64_t) * df_fp8_map_words(K) * (size_t)N + 8);
+                        df_fp8_map_build(map, &q.v);
+                        for (int m = 0; m < 2; m++) {
+                            q.v.f16map = m ? map : NULL;
+                            for (int ext = 0; ext < 2; ext++) {
+                                g_x_extreme = ext;
+                                check_q(&q, 1, special || ext);
+                                g_x_extreme = 0;
+                            }
+                        }
+                        check_q(&q, 5, special);
+                        free(map);
+                        free_q(&q);
+                    }
+    g_pow2 = 0;
+    /* Activations that the move would round (x * 2^(k+8) subnormal) or overflow, where
+     * they make the whole sum: every path must still equal C, bit for bit. */
+    enum { N = 8, K = 256 };
+    g_fp8_real = 1;
+    qmat q = make_q(fs[0], N, K, 0);
+    g_fp8_real = 0;
+    float x[K], ref[N], y[N];
+    for (int c = 0; c < 2; c++) {
+        float s = c ? 1.0f : ldexpf(1.0f, -16);
+        memcpy(q.sc, &s, 4), memcpy(q.sc + 4, &s, 4);
+        for (int k = 0; k < K; k++)
+            x[k] = c ? 0.0f : ldexpf(1.0f + (float)(rnd() % 8388608) / 8388608.0f, -125) * (rnd() % 2 ? 1 : -1);
+        if (c) { /* 1.5 * 2^126 * 2^8 overflows; its weights are small: the sum is finite */
+            x[5] = ldexpf(1.5f, 126);
+            for (int n = 0; n < N; n++) q.vals[n * K + 5] = 0x10;
+        }
+        assert_int_equal(df_isa_set(DF_ISA_C), 0);
+        df_matmul(NULL, ref, N, x, K, &q.v, 1);
+        for (int n = 0; n < N; n++) assert_true(isfinite(ref[n]) && (c || fabsf(ref[n]) < ldexpf(1.0f, -126)));
+        for (int isa = 1; isa < n_isas(); isa++) {
+            assert_int_equal(df_isa_set((df_isa)isa), 0);
+            df_matmul(NULL, y, N, x, K, &q.v, 1);
+            for (int n = 0; n < N; n++)
+                if (u_of(y[n]) != u_of(ref[n]))
+                    fail_msg("%s, scale %a: row %d is %a, C %a", df_isa_name((df_isa)isa), s, n, y[n], ref[n]);
+        }
+    }
+    free_q(&q);
+    assert_int_equal(df_isa_set(df_isa_detect()), 0);
+}
+
 /* FP8 with its F16-form map (kernels.h): the map's bits are those of a byte-by-byte
  * reference (rows of more than 64 groups: several words per row), and the products with
  * it equal C on every path, batch, row split and thread count, as without it; so do
@@ -506,7 +597,7 @@ static void test_products_fp8_forms(void **state) {
  * the product of that row on each SIMD path (else the map would not be read at all). */
 static void test_products_fp8_map(void **state) {
     (void)state;
-    static const int Ks[] = {64, 200, 448, 4300};
+    static const int Ks[] = {64, 200, 448, 1000, 4300};
     static const int Ns[] = {3, 130};
     df_wfmt f = df_wfmt_fp8_block();
     long flagged = 0, clear = 0; /* groups with a bit set or clear, over all shapes */
@@ -519,7 +610,7 @@ static void test_products_fp8_map(void **state) {
                     qmat q = make_q(f, N, K, special);
                     g_fp8_real = 0;
                     size_t wpr = df_fp8_map_words(K);
-                    assert_int_equal(wpr, (size_t)(K / 64 + 63) / 64);
+                    assert_int_equal(wpr, (size_t)((K + 63) / 64 + 63) / 64);
                     uint64_t *map = df_xmalloc(sizeof(uint64_t) * (wpr * (size_t)N + 1));
                     map[wpr * (size_t)N] = 0xa5a5a5a5a5a5a5a5ull;
                     df_fp8_map_build(map, &q.v);
@@ -527,12 +618,12 @@ static void test_products_fp8_map(void **state) {
                     for (int n = 0; n < N; n++)
                         for (int g = 0; g < (int)wpr * 64; g++) {
                             int want = 0;
-                            for (int i = 0; g < K / 64 && i < 64; i++)
+                            for (int i = 0; i < 64 && 64 * g + i < K; i++)
                                 want |= ((q.vals[(size_t)n * K + 64 * g + i] + 1) & 0x70) == 0;
                             int got = (int)(map[(size_t)n * wpr + g / 64] >> (g % 64)) & 1;
                             if (got != want) fail_msg("K=%d N=%d: map bit of row %d group %d is %d", K, N, n, g, got);
                             flagged += want;
-                            clear += g < K / 64 && !want;
+                            clear += 64 * g < K && !want;
                         }
                     q.v.f16map = map;
                     check_q(&q, 1, special);
@@ -541,6 +632,21 @@ static void test_products_fp8_map(void **state) {
                     free_q(&q);
                 }
     assert_true(flagged > 100 && clear > 100);
+    /* a row's last group, 40 codes, holds a whole 32-value step of AVX2's: a NaN code
+     * there must reach the product through the group's bit (it once had none) */
+    {
+        g_fp8_real = 1;
+        qmat q = make_q(f, 8, 1000, 0);
+        g_fp8_real = 0;
+        q.vals[2 * 1000 + 970] = 0x7f;
+        uint64_t *map = df_xmalloc(sizeof(uint64_t) * df_fp8_map_words(1000) * 8);
+        df_fp8_map_build(map, &q.v);
+        assert_true((map[2 * df_fp8_map_words(1000)] >> 15) & 1);
+        q.v.f16map = map;
+        check_q(&q, 1, 1);
+        free(map);
+        free_q(&q);
+    }
     /* views of some rows carry the map along */
     enum { N = 300, K = 448, T = 1 };
     g_fp8_real = 1;
@@ -693,6 +799,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_products_special),
         cmocka_unit_test(test_products_fp8_forms),
         cmocka_unit_test(test_products_fp8_map),
+        cmocka_unit_test(test_products_fp8_pow2),
         cmocka_unit_test(test_scaled_tables),
         cmocka_unit_test(test_products_all_scales),
         cmocka_unit_test(test_row_views),

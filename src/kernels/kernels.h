@@ -153,7 +153,8 @@ static inline df_wview df_wview_scaled(df_wfmt f, const void *data, const void *
 /* The F16-form map of an FP8 matrix: per row, df_fp8_map_words(cols) words; bit g of a
  * row's word g / 64 is set where the codes [64g, 64g + 64) hold one that the SIMD
  * products test for before their F32 form ((q + 1) & 0x70 == 0: e = 0, e = 1 with m < 7,
- * NaN).
+ * NaN). The last group of a row whose cols are not a multiple of 64 has a bit too, over
+ * the codes it has (AVX2 reads it for a 32-value step there).
  * Made once from the shipped bytes of a resident weight; it only selects between two
  * exact decodings, so a view with or without it gives the same products. */
 size_t df_fp8_map_words(int cols);

@@ -82,7 +82,7 @@ df_wview df_wview_rows(const df_wview *v, int r0, int n) {
     return s;
 }
 
-size_t df_fp8_map_words(int cols) { return cols > 0 ? ((size_t)cols / 64 + 63) / 64 : 0; }
+size_t df_fp8_map_words(int cols) { return cols > 0 ? (((size_t)cols + 63) / 64 + 63) / 64 : 0; }
 
 /* Whether one of the 8 codes in x needs the F16 form: ((q & 0x7f) + 1) & 0x70 is the
  * test's (q + 1) & 0x70 (bit 7 cannot carry into bits 4-6), and no byte carries into the
@@ -100,11 +100,12 @@ void df_fp8_map_build(uint64_t *map, const df_wview *v) {
         const uint8_t *row = (const uint8_t *)v->data + (size_t)r * rs;
         uint64_t *m = map + (size_t)r * wpr;
         memset(m, 0, wpr * sizeof *m);
-        for (int g = 0; g < v->cols / 64; g++) {
+        for (int g = 0; g * 64 < v->cols; g++) {
+            int n = v->cols - 64 * g < 64 ? v->cols - 64 * g : 64; /* the last group may be short */
             bool f = false;
-            for (int i = 0; i < 8; i++) {
-                uint64_t x;
-                memcpy(&x, row + 64 * (size_t)g + 8 * (size_t)i, 8);
+            for (int i = 0; i < n; i += 8) {
+                uint64_t x = 0x4040404040404040ull; /* past the row's end: codes that pass (e = 8) */
+                memcpy(&x, row + 64 * (size_t)g + (size_t)i, n - i < 8 ? (size_t)(n - i) : 8);
                 f |= f16_codes8(x);
             }
             m[g / 64] |= (uint64_t)f << (g % 64);
