@@ -8,7 +8,8 @@
  * and the median of the per-round ratio B/A; warns if the two disagree on
  * the result (they must be bit-identical).
  *
- *   [MAP=1] ab_scaled MODE FORMAT REPS TOKENS (MAP=1: FP8 views carry their F16-form map)
+ *   [MAP=1] [POW2=1] ab_scaled MODE FORMAT REPS TOKENS (MAP=1: FP8 views carry their F16-form
+ *   map; POW2=1: FP8 block scales are powers of two, as DeepSeek-V3.1's)
  *   MODE l2: one thread, [64 x 7168] that stays in L2; ram: 2 threads,
  *   [2048 x 7168] copies cycling over 1 GiB. FORMAT fp8, int4 or mxfp4.
  *   CODES=random: FP8 codes drawn uniformly (1 in 8 at e = 0) instead of
@@ -61,6 +62,7 @@ static uint64_t next64(void) {
 static void fill(df_wfmt f, uint8_t *v, size_t vb, uint8_t *s, size_t sb) {
     static uint8_t tab[65536];
     int normal = f.elem == DF_EL_F8_E4M3 && !(getenv("CODES") && !strcmp(getenv("CODES"), "random"));
+    int pow2 = getenv("POW2") && !strcmp(getenv("POW2"), "1");
     srand(1);
     if (normal) bench_e4m3_table(tab, next64);
     for (size_t i = 0; i < vb; i++) {
@@ -69,7 +71,7 @@ static void fill(df_wfmt f, uint8_t *v, size_t vb, uint8_t *s, size_t sb) {
     }
     for (size_t i = 0; i < sb;) {
         if (f.scale == DF_SC_F32) {
-            float q = 1e-4f * (float)(1 + rand() % 100);
+            float q = pow2 ? ldexpf(1.0f, -10 - rand() % 10) : 1e-4f * (float)(1 + rand() % 100);
             memcpy(s + i, &q, 4), i += 4;
         } else if (f.scale == DF_SC_BF16) {
             uint16_t h = df_f32_to_bf16(1e-4f * (float)(1 + rand() % 100));

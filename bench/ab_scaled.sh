@@ -3,7 +3,7 @@
 # scaled-format ISA file inside one process (bench/ab_scaled.c: each round times A, then B,
 # on the same data, so the host's swings fall on both). ISA avx512 (default) or avx2: the file
 # is src/kernels/scaled_ISA.c in either version (git show REV:src/kernels/scaled_avx512.c >
-# old.c gives an old one). MODE l2 (one thread, in L2; default) or ram (2 threads, 1 GiB of
+# old.c gives an old one; MAP=1 and POW2=1 as in bench/ab_scaled.c). MODE l2 (one thread, in L2; default) or ram (2 threads, 1 GiB of
 # copies); FORMAT fp8 (default), int4 or mxfp4; REPS rounds (9); TOKENS per product (1).
 # Needs build/libdeltafin.a (make). Pin the process (taskset -c N) to see one core's state:
 # on the shared VM one vCPU at times runs at about 60 % of the other's speed.

@@ -238,7 +238,7 @@ static const uint8_t *fm_e4m3_table(void) {
 /* Fills one copy's values and scales with what a real checkpoint holds: e4m3
  * codes of normal weights, finite scales of ordinary size (so the kernels
  * take their common paths), random 4-bit codes. */
-static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb) {
+static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb, bool pow2) {
     const uint8_t *e4 = f.elem == DF_EL_F8_E4M3 ? fm_e4m3_table() : NULL;
     for (size_t i = 0; i < vb; i += 8) {
         uint64_t r = fm_next();
@@ -255,7 +255,7 @@ static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb)
     for (size_t i = 0; i < sb;) {
         uint32_t r = (uint32_t)fm_next();
         if (f.scale == DF_SC_F32) {
-            float v = (float)(r % 1000 + 1) * 1e-6f;
+            float v = pow2 ? ldexpf(1.0f, -10 - (int)(r % 10)) : (float)(r % 1000 + 1) * 1e-6f;
             memcpy(sc + i, &v, 4), i += 4;
         } else if (f.scale == DF_SC_BF16) {
             uint16_t h = df_f32_to_bf16((float)(r % 1000 + 1) * 1e-5f);
@@ -268,7 +268,7 @@ static void fm_fill(df_wfmt f, uint8_t *vals, size_t vb, uint8_t *sc, size_t sb)
 
 /* Copies of one format's [FM_N x FM_K] matrix laid out back to back in buf
  * (values, then scales, each 64-byte aligned). */
-static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv, uint64_t *packed,
+static int fm_views(df_wfmt f, bool pow2, uint8_t *buf, size_t bytes, df_wview *v, int maxv, uint64_t *packed,
                     uint64_t *maps) {
     size_t vb = (size_t)df_wfmt_bytes(f, FM_N, FM_K), sb = (size_t)df_wfmt_scale_bytes(f, FM_N, FM_K);
     size_t step = ((vb + 63) & ~(size_t)63) + ((sb + 63) & ~(size_t)63);
@@ -276,7 +276,7 @@ static int fm_views(df_wfmt f, uint8_t *buf, size_t bytes, df_wview *v, int maxv
     int n = 0;
     for (size_t off = 0; off + step <= bytes && n < maxv; off += step, n++) {
         uint8_t *vals = buf + off, *sc = vals + ((vb + 63) & ~(size_t)63);
-        fm_fill(f, vals, vb, sc, sb);
+        fm_fill(f, vals, vb, sc, sb, pow2);
         v[n] = f.scale == DF_SC_NONE ? df_wview_make(vals, DF_DT_BF16, FM_N, FM_K)
                                      : df_wview_scaled(f, vals, sc, FM_N, FM_K);
         if (maps && f.elem == DF_EL_F8_E4M3) { /* as the engine's resident FP8 weights have */
@@ -305,7 +305,8 @@ static int parse_tokens(const char *s, int *ts) {
 static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only_isa, const int *ts, int nt,
                           int threads, bool fp8_map) {
     static const df_wfmt BF16 = {DF_EL_BF16, DF_SC_NONE, 0, 0};
-    const df_wfmt fmts[4] = {BF16, df_wfmt_fp8_block(), df_wfmt_int4_group(), df_wfmt_mxfp4()};
+    /* the second FP8: power-of-two block scales, as DeepSeek-V3.1's (scale_fmt ue8m0) */
+    const df_wfmt fmts[5] = {BF16, df_wfmt_fp8_block(), df_wfmt_fp8_block(), df_wfmt_int4_group(), df_wfmt_mxfp4()};
     enum { MAXV = 1024 };
     df_wview *v = malloc(sizeof *v * MAXV);
     /* FP8's F16-form maps: 1/512 of the values, not counted in GB/s */
@@ -316,10 +317,10 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
            FM_K, mem_mib);
     printf("%-7s %-22s %4s %3s %6s %10s %8s %8s %8s %10s %8s %8s\n", "isa", "format", "T", "thr", "copies",
            "ms/call", "GB/s", "membw", "of_membw", "us/token", "cached", "c/membw");
-    for (int fi = 0; fi < 4; fi++) {
+    for (int fi = 0; fi < 5; fi++) {
         uint64_t packed;
         /* the buffer doubles as the bandwidth pass's: refilled per format */
-        int nv = fm_views(fmts[fi], (uint8_t *)buf, mem_mib << 20, v, MAXV, &packed, maps);
+        int nv = fm_views(fmts[fi], fi == 2, (uint8_t *)buf, mem_mib << 20, v, MAXV, &packed, maps);
         uint64_t cpacked;
         df_wview cv = cached_rows(&v[0], threads, &cpacked);
         for (int isa = (int)df_isa_detect(); isa >= 0; isa--) {
@@ -331,7 +332,7 @@ static void bench_formats(df_pool *pool, uint64_t *buf, size_t mem_mib, int only
                                               isa == DF_ISA_C ? 3 : 7, &cv, cpacked);
                 double c = r.cached_gbs;
                 printf("%-7s %-22s %4d %3d %6d %10.3f %8.2f %8.2f %8.2f %10.1f %8.2f %8.2f\n",
-                       df_isa_name((df_isa)isa), df_wfmt_name(fmts[fi]), ts[ti], threads, nv, r.ms_call, r.gbs,
+                       df_isa_name((df_isa)isa), fi == 2 ? "F8_E4M3/2^k[128x128]" : df_wfmt_name(fmts[fi]), ts[ti], threads, nv, r.ms_call, r.gbs,
                        r.membw, r.gbs / r.membw, r.us_tok, c, c / r.membw);
                 fflush(stdout);
             }

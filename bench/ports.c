@@ -49,6 +49,12 @@ static double g_cpt; /* core cycles per TSC tick */
 #define F8_NOMUL(R, O)                                                                                       \
     "vpmovsxbd " #O "*2(%0),%%zmm" #R "\n vpslld $20,%%zmm" #R ",%%zmm" #R                                   \
     "\n vpternlogd $0xea,%%zmm25,%%zmm24,%%zmm" #R "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n"
+/* FP8's F32 form where the block's scale is a power of two: an integer add to the exponent
+ * field instead of the multiply */
+#define F8_POW2(R, O)                                                                                        \
+    "vpmovsxbd " #O "*2(%0),%%zmm" #R "\n vpslld $20,%%zmm" #R ",%%zmm" #R                                   \
+    "\n vpternlogd $0xea,%%zmm25,%%zmm24,%%zmm" #R "\n vpaddd %%zmm26,%%zmm" #R ",%%zmm" #R                   \
+    "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n"
 /* FP8 with GFNI and VBMI: two vgf2p8affineqb per 64 codes make the F32 pattern's bytes 3 and 2
  * (bit permutations of the code, with a constant), one zero-masked vpermi2b per 16 values
  * puts them in place (zmm20/21: the two byte vectors, the byte index loaded each time (a load, where a register copy would be a vector operation), k2 the mask) */
@@ -63,6 +69,12 @@ static double g_cpt; /* core cycles per TSC tick */
 #define LOOP(M)                                                                                              \
     "vmovups (%0),%%zmm0\n vpermps %%zmm0,%%zmm23,%%zmm0\n" M(2, 0) M(3, 8) M(4, 16) M(5, 24) M(6, 32)          \
         M(7, 40) M(8, 48) M(9, 56) "9:\n"
+
+/* the same loop with the activations scaled once per 4 rows (a power-of-two block scale moved
+ * onto x: FP8 tiles of 4 rows then decode without the multiply) */
+#define LOOP_XS(M)                                                                                           \
+    "vmovups (%0),%%zmm0\n vpermps %%zmm0,%%zmm23,%%zmm0\n vmulps %%zmm23,%%zmm0,%%zmm0\n" M(2, 0) M(3, 8)     \
+        M(4, 16) M(5, 24) "vmulps %%zmm23,%%zmm0,%%zmm0\n" M(6, 32) M(7, 40) M(8, 48) M(9, 56) "9:\n"
 
 #define ONE(OP) OP "16\n" OP "17\n" OP "18\n" OP "19\n" OP "20\n" OP "21\n" OP "22\n" OP "27\n"
 
@@ -110,6 +122,8 @@ KERNEL(m_shift_perm, LOOP(SHIFT_PERM))
 KERNEL(m_fma, LOOP(FMA))
 KERNEL(m_f8, LOOP(F8))
 KERNEL(m_f8_nomul, LOOP(F8_NOMUL))
+KERNEL(m_f8_pow2, LOOP(F8_POW2))
+KERNEL(m_f8_xs, LOOP_XS(F8_NOMUL))
 KERNEL(m_f8_chk, LOOP(F8_CHK))
 KERNEL(m_f8_vbmi, LOOP(F8_VBMI))
 KERNEL(k_vpermt2b, ONE("vpermt2b %%zmm0,%%zmm1,%%zmm"))
@@ -137,6 +151,8 @@ int main(void) {
         {"4-bit: mshift{1to8} perm fma", m_i4_mshift},
         {"perm fma", m_perm_fma}, {"srlv fma", m_shift_fma}, {"srlv perm", m_shift_perm}, {"fma", m_fma},
         {"FP8 F32 form (5 ops)", m_f8}, {"FP8 F32 form without the mul", m_f8_nomul},
+        {"FP8 F32 form, power-of-two scale: vpaddd", m_f8_pow2},
+        {"FP8 F32 form, power-of-two scale on x, 4 rows", m_f8_xs},
         {"FP8 F32 form + 64-code test", m_f8_chk}, {"FP8 by GFNI + vpermi2b", m_f8_vbmi}};
     for (size_t i = 0; i < sizeof mix / sizeof mix[0]; i++) printf("%-28s %.3f\n", mix[i].name, best_of(mix[i].f, 8));
     return 0;
