@@ -52,6 +52,13 @@ gen engine-fp8-ds --arch deepseek_v3 --seed 20 --dtype bf16 --vocab 1024 --hidde
     --v-head-dim 16 --first-k-dense 1 --experts 16 --top-k 4 --n-group 4 --topk-group 2 \
     --n-shared-experts 1 --moe-intermediate 48 --routed-scaling-factor 2.5 --max-pos 4096 --quant fp8 \
     --max-shard-size 400000
+# DeepSeek-V3.1's FP8: every block scale a power of two (scale_fmt ue8m0), which the
+# one-token products move onto the activations.
+gen engine-fp8-ue8m0 --arch deepseek_v3 --seed 27 --dtype bf16 --vocab 1024 --hidden 160 --intermediate 160 \
+    --layers 3 --heads 4 --q-lora-rank 48 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 \
+    --v-head-dim 16 --first-k-dense 1 --experts 16 --top-k 4 --n-group 4 --topk-group 2 \
+    --n-shared-experts 1 --moe-intermediate 48 --routed-scaling-factor 2.5 --max-pos 4096 --quant fp8 \
+    --fp8-scale-fmt ue8m0
 gen engine-int4-kimi --arch kimi_k2 --seed 21 --dtype bf16 --vocab 1024 --hidden 64 --intermediate 128 \
     --layers 3 --heads 4 --q-lora-rank 32 --kv-lora-rank 32 --qk-nope-dim 16 --qk-rope-dim 8 --v-head-dim 16 \
     --first-k-dense 1 --experts 16 --top-k 4 --n-shared-experts 1 --moe-intermediate 32 \

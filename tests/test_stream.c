@@ -56,6 +56,8 @@ static model MODELS[] = {
      * latent width, attention residuals; per-channel A_log, grouped routing */
     {.name = "engine-k3-stream", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
     {.name = "engine-kda-chan", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
+    /* DeepSeek-V3.1's FP8: power-of-two block scales */
+    {.name = "engine-fp8-ue8m0", .moe_layers = {1, 2}, .top_k = 4, .n_experts = 32},
 };
 #define N_MODELS (int)(sizeof MODELS / sizeof MODELS[0])
 static model *M = &MODELS[0]; /* the model the tests run on */
@@ -183,6 +185,7 @@ static int on_ds_v2(void **state) { (void)state; M = &MODELS[2]; return 0; }
 static int on_fp8(void **state) { (void)state; M = &MODELS[3]; return 0; }
 static int on_int4(void **state) { (void)state; M = &MODELS[4]; return 0; }
 static int on_mixed(void **state) { (void)state; M = &MODELS[5]; return 0; }
+static int on_ue8m0(void **state) { (void)state; M = &MODELS[8]; return 0; }
 
 static void check(const arm *a) {
     float *got = run(a, NULL);
@@ -636,6 +639,14 @@ static void family_arms(int every) {
 }
 
 static void test_family_arms(void **state) { (void)state; family_arms(1); }
+/* Power-of-two FP8 scales: the one-token products (resident with the FP8 maps, streamed
+ * without) equal the batched reference, whose tiles never move a scale onto x. */
+static void test_pow2_arms(void **state) {
+    (void)state;
+    const arm arms[] = {{NULL, 0, 2, 1, NULL, 0}, {NULL, 0, 1, 1, NULL, 0}, {M->pack1, 3, 2, 1, "off", 0},
+                        {M->packs2, 5, 1, 7, "router", 1}};
+    for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i++) check(&arms[i]);
+}
 /* engine-ds-v2 differs in its router (softmax, greedy, not renormalised), two
  * shared experts and q_proj: what streaming sees is the same */
 static void test_family_arms_few(void **state) { (void)state; family_arms(2); }
@@ -788,6 +799,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_family_arms_few, on_int4, on_moe),
         cmocka_unit_test_setup_teardown(test_family_arms_few, on_mixed, on_moe),
         cmocka_unit_test_setup_teardown(test_dense_copy_family, on_fp8, on_moe),
+        cmocka_unit_test_setup_teardown(test_pow2_arms, on_ue8m0, on_moe),
         cmocka_unit_test_setup_teardown(test_stats, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_prefetch_stats, on_ds, on_moe),
         cmocka_unit_test_setup_teardown(test_lookahead_family_router, on_ds, on_moe),
