@@ -74,7 +74,10 @@ void df_pool_set_slots(df_pool *p, int per_thread);
  *      subnormal reaches a multiply; a 16-entry table already multiplied by
  *      the group's scale for the 4-bit formats: a table entry is the same
  *      fl(decode(q) * scale));
- *      nothing is widened into a copy of the matrix. A path may keep the 16
+ *      nothing is widened into a copy of the matrix. Where an FP8 block's scale
+ *      is a power of two and x * scale is exact, the AVX-512 one-token products
+ *      form the same real product w * x as decode(q) * (x * scale) (one multiply
+ *      of x for several rows), which the FMA rounds the same way. A path may keep the 16
  *      lanes in another order in its registers (the AVX-512 4-bit products
  *      do) as long as each lane sums the same products in the same order.
  *   3. Hugging Face's path materialises BF16 weights first (the DeepSeek
