@@ -19,7 +19,7 @@
 
 #define NTOK 80 /* crosses the engine's 64-row chunk */
 
-static char model_path[7][512];
+static char model_path[9][512];
 
 /* 4..6: the Kimi-Linear family (KDA recurrent state + NoPE MLA): Kimi-Linear's
  * shape, K3's (MXFP4 experts, latent MoE, attention residuals), per-channel A_log */
@@ -27,7 +27,8 @@ enum { KIMI_LINEAR = 4, K3 = 5, KDA_CHAN = 6 };
 
 static const char *model(int i) {
     const char *names[] = {"engine-moe",         "engine-dense", "engine-ds",      "engine-ds-v2",
-                           "engine-kimi-linear", "engine-k3",    "engine-kda-chan"};
+                           "engine-kimi-linear", "engine-k3",    "engine-kda-chan", "engine-fp8-ds",
+                           "engine-fp8-ue8m0"};
     const char *d = getenv("DF_TEST_MODELS");
     snprintf(model_path[i], sizeof model_path[i], "%s/%s", d ? d : "build/test-models", names[i]);
     return model_path[i];
@@ -113,6 +114,10 @@ static void test_moe_bit_exact(void **st) { (void)st; check_identical(0); }
 static void test_deepseek_v3_bit_exact(void **st) { (void)st; check_identical(2); }
 static void test_deepseek_v2_bit_exact(void **st) { (void)st; check_identical(3); }
 static void test_dense_bit_exact(void **st) { (void)st; check_identical(1); }
+/* FP8 as shipped: the one-token products read the F16-form maps, and with power-of-two
+ * block scales (DeepSeek-V3.1) move them onto the activations; on every path */
+static void test_fp8_bit_exact(void **st) { (void)st; check_identical(7); }
+static void test_fp8_ue8m0_bit_exact(void **st) { (void)st; check_identical(8); }
 
 /* Kimi Delta Attention runs its recurrence row by row in position order: a
  * prompt prefilled as T rows gives the bits of T single-token steps, in
@@ -364,6 +369,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_bit_exact),   cmocka_unit_test(test_dense_bit_exact),
         cmocka_unit_test(test_deepseek_v3_bit_exact), cmocka_unit_test(test_deepseek_v2_bit_exact),
+        cmocka_unit_test(test_fp8_bit_exact),   cmocka_unit_test(test_fp8_ue8m0_bit_exact),
         cmocka_unit_test(test_kimi_linear_bit_exact), cmocka_unit_test(test_k3_bit_exact),
         cmocka_unit_test(test_kda_per_channel_bit_exact),
         cmocka_unit_test(test_truncate_replays), cmocka_unit_test(test_truncate_replays_deepseek),
