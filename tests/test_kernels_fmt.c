@@ -174,6 +174,14 @@ static qmat make_q(df_wfmt f, int N, int K, int special) {
     return q;
 }
 
+/* make_q of FP8 codes as checkpoints hold them (real) or random ones */
+static qmat make_q_fp8(df_wfmt f, int N, int K, int special, int real) {
+    g_fp8_real = real;
+    qmat q = make_q(f, N, K, special);
+    g_fp8_real = 0;
+    return q;
+}
+
 static void free_q(qmat *q) {
     free(q->vals);
     free(q->sc);
@@ -513,9 +521,7 @@ static void test_products_fp8_forms(void **state) {
         for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
             for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
                 for (int special = 0; special < 2; special++) {
-                    g_fp8_real = real;
-                    qmat q = make_q(f, Ns[ni], Ks[ki], special);
-                    g_fp8_real = 0;
+                    qmat q = make_q_fp8(f, Ns[ni], Ks[ki], special, real);
                     check_q(&q, 1, special);
                     check_q(&q, 5, special);
                     free_q(&q);
@@ -540,9 +546,7 @@ static void test_products_fp8_pow2(void **state) {
                 for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
                     for (int special = 0; special < 2; special++) {
                         int N = Ns[ni], K = Ks[ki];
-                        g_fp8_real = real;
-                        qmat q = make_q(fs[fi], N, K, special);
-                        g_fp8_real = 0;
+                        qmat q = make_q_fp8(fs[fi], N, K, special, real);
                         uint64_t *map = df_xmalloc(sizeof(uint64_t) * df_fp8_map_words(K) * (size_t)N + 8);
                         df_fp8_map_build(map, &q.v);
                         for (int m = 0; m < 2; m++) {
@@ -561,9 +565,7 @@ static void test_products_fp8_pow2(void **state) {
     /* Activations that the move would round (x * 2^(k+8) subnormal) or overflow, where
      * they make the whole sum: every path must still equal C, bit for bit. */
     enum { N = 8, K = 256 };
-    g_fp8_real = 1;
-    qmat q = make_q(fs[0], N, K, 0);
-    g_fp8_real = 0;
+    qmat q = make_q_fp8(fs[0], N, K, 0, 1);
     float x[K], ref[N], y[N];
     for (int c = 0; c < 2; c++) {
         float s = c ? 1.0f : ldexpf(1.0f, -16);
@@ -606,9 +608,7 @@ static void test_products_fp8_map(void **state) {
             for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
                 for (int special = 0; special < 2; special++) {
                     int N = Ns[ni], K = Ks[ki];
-                    g_fp8_real = real;
-                    qmat q = make_q(f, N, K, special);
-                    g_fp8_real = 0;
+                    qmat q = make_q_fp8(f, N, K, special, real);
                     size_t wpr = df_fp8_map_words(K);
                     assert_int_equal(wpr, (size_t)((K + 63) / 64 + 63) / 64);
                     uint64_t *map = df_xmalloc(sizeof(uint64_t) * (wpr * (size_t)N + 1));
@@ -635,9 +635,7 @@ static void test_products_fp8_map(void **state) {
     /* a row's last group, 40 codes, holds a whole 32-value step of AVX2's: a NaN code
      * there must reach the product through the group's bit (it once had none) */
     {
-        g_fp8_real = 1;
-        qmat q = make_q(f, 8, 1000, 0);
-        g_fp8_real = 0;
+        qmat q = make_q_fp8(f, 8, 1000, 0, 1);
         q.vals[2 * 1000 + 970] = 0x7f;
         uint64_t *map = df_xmalloc(sizeof(uint64_t) * df_fp8_map_words(1000) * 8);
         df_fp8_map_build(map, &q.v);
@@ -649,9 +647,7 @@ static void test_products_fp8_map(void **state) {
     }
     /* views of some rows carry the map along */
     enum { N = 300, K = 448, T = 1 };
-    g_fp8_real = 1;
-    qmat q = make_q(f, N, K, 0);
-    g_fp8_real = 0;
+    qmat q = make_q_fp8(f, N, K, 0, 1);
     uint64_t *map = df_xmalloc(sizeof(uint64_t) * df_fp8_map_words(K) * N);
     df_fp8_map_build(map, &q.v);
     float x[K], yf[N], ys[N], ym[N];
