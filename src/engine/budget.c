@@ -93,7 +93,7 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
     e->budget_ctx = ctx;
     if (!e->worker) df_engine_prefault(m, experts_resident, NULL); /* a worker reads experts only */
-    if (!e->worker) df_model_fp8_maps(&e->model, o->n_threads);     /* counted in the RSS below */
+    if (!e->worker) df_model_fp8_maps(&e->model, e->pool);          /* counted in the RSS below */
     malloc_trim(0);
     df_mem_plan *p = &e->plan;
     rss_now(&p->resident, &p->load_peak);

@@ -84,8 +84,7 @@ static int load_checkpoint(df_engine *e, const char *dir, df_error *err) {
 /* Where routed experts come from: streamed under a budget or from a pack, or
  * resident. The routing replay is set up first, so that the budget counts
  * the trace in what is resident. */
-static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, int nt,
-                         df_error *err) {
+static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, df_error *err) {
     const df_config *c = &e->model.cfg;
     int rc;
     if (dev && dev->replay_routing && (rc = df_engine_setup_replay(e, dev->replay_routing, err))) return rc;
@@ -124,7 +123,7 @@ static int setup_experts(df_engine *e, const df_engine_opts *opts, const df_engi
         df_engine_free_replay(e);
         return rc;
     }
-    if (!e->store && !in_place) df_engine_resident_weights(&e->model, nt);
+    if (!e->store && !in_place) df_engine_resident_weights(&e->model, e->pool);
     if (!e->experts && c->num_experts > 0) e->experts = df_xsource_resident(&e->model.experts);
     return DF_OK;
 }
@@ -157,20 +156,20 @@ static void fill_info(df_engine *e, df_isa isa, int nt) {
     in->default_top_k = e->gen.top_k;
 }
 
-/* What df_engine_open_dev does after the checkpoint is loaded: the expert
- * source, the thread pool, the ranks, the prompt cache. */
+/* What df_engine_open_dev does after the checkpoint is loaded: the thread pool (first:
+ * the FP8 maps are made on it), the expert source, the ranks, the prompt cache. */
 static int open_rest(df_engine *e, const df_engine_opts *opts, const df_engine_dev *dev, isa_nt in,
                      const char *experts, df_error *err) {
     df_engine_opts o = *opts;
     o.experts = experts;
-    int rc = setup_experts(e, &o, dev, in.nt, err);
+    e->pool = df_pool_new(in.nt);
+    int rc = setup_experts(e, &o, dev, err);
     if (rc) return df_engine_ranks_blame(e, rc, err);
     const df_config *c = &e->model.cfg;
     for (int i = 0; i < e->gen.n_eos_token_ids; i++) add_stop(e, e->gen.eos_token_ids[i]);
     for (const char *const *st = c->arch->stop_tokens; st && *st; st++)
         add_stop(e, df_tokenizer_find(e->tok, *st));
     e->chat = df_chat_template_for_tokenizer(c->arch->chat, e->tok);
-    e->pool = df_pool_new(in.nt);
     fill_info(e, in.isa, in.nt);
     if (e->dist && (rc = df_engine_ranks_start(e, &o, experts, err))) return rc;
     return e->worker ? DF_OK : df_engine_setup_pcache(e, &o, err);

@@ -89,8 +89,8 @@ struct df_session {
 /* Maps the weights' pages in (routed experts too unless they stream). */
 void df_engine_prefault(const df_model *m, bool experts_too, const bool *done);
 /* Resident weights on 2 MiB pages where the kernel can; then prefaulted, and the
- * FP8 matrices' maps made (routed experts' on n_threads threads). */
-void df_engine_resident_weights(df_model *m, int n_threads);
+ * FP8 matrices' maps made on the pool (routed experts' too). */
+void df_engine_resident_weights(df_model *m, df_pool *pool);
 
 /* ---- budget.c: memory plan, budget, expert cache --------------------------------- */
 

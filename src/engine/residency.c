@@ -187,11 +187,11 @@ static void huge_weights(const df_model *m, bool *done) {
 }
 
 
-void df_engine_resident_weights(df_model *m, int n_threads) {
+void df_engine_resident_weights(df_model *m, df_pool *pool) {
     bool *done = df_xcalloc((size_t)df_st_file_count(m->st) + 1, sizeof(bool));
     huge_weights(m, done);
     df_engine_prefault(m, true, done);
     free(done);
-    df_model_fp8_maps(m, n_threads); /* once: a budget's plan may have made them */
-    df_expert_fp8_maps(&m->experts, n_threads);
+    df_model_fp8_maps(m, pool); /* once: a budget's plan may have made them */
+    df_expert_fp8_maps(&m->experts, pool);
 }

@@ -97,7 +97,7 @@ int df_expert_inventory_build(df_expert_inventory *inv, const df_config *c, cons
 void df_expert_inventory_free(df_expert_inventory *inv) {
     free(inv->xt);
     free(inv->xs);
-    free(inv->xmap);
+    free(inv->map_at);
     free(inv->maps);
     free((void *)inv->layout);
     memset(inv, 0, sizeof *inv);
@@ -124,13 +124,20 @@ int df_expert_check_scales(const df_expert_inventory *inv, const df_st *st, int 
     return DF_OK;
 }
 
+/* Where expert (li, e)'s parts lie in place (the mapping); 0 on a layer without routed
+ * experts. */
+static int parts_in_place(const df_expert_inventory *inv, int li, int e, const void **data) {
+    if (!df_expert_part(inv, li, e, 0)) return 0;
+    for (int p = 0; p < inv->layout->n_parts; p++) data[p] = df_expert_part(inv, li, e, p)->data;
+    return 1;
+}
+
 int df_expert_check_all_scales(const df_expert_inventory *inv, const df_st *st, df_error *err) {
     if (!inv->layout || !inv->xt) return DF_OK;
     const void *data[DF_EXPERT_MAX_PARTS];
     for (int li = 0; li < inv->n_layers; li++)
         for (int e = 0; e < inv->n_experts; e++) {
-            if (!df_expert_part(inv, li, e, 0)) break; /* a layer without routed experts */
-            for (int p = 0; p < inv->layout->n_parts; p++) data[p] = df_expert_part(inv, li, e, p)->data;
+            if (!parts_in_place(inv, li, e, data)) break;
             int rc = df_expert_check_scales(inv, st, li, e, data, err);
             if (rc) return rc;
         }
@@ -154,38 +161,32 @@ void df_expert_bind(const df_expert_inventory *inv, int layer, int e, const void
 
 /* ---- the FP8 experts' maps ---------------------------------------------------------- */
 
-typedef struct map_job {
-    const df_expert_inventory *inv;
-    const size_t *at; /* [(li * E + e) * DF_EXPERT_MATS + k]: words into inv->maps, or SIZE_MAX */
-} map_job;
-
 /* Expert (li, e)'s views over its tensors in place; 0 on a layer without routed experts. */
 static int bind_in_place(const df_expert_inventory *inv, int li, int e, df_expert_w *w) {
     const void *parts[DF_EXPERT_MAX_PARTS];
-    if (!df_expert_part(inv, li, e, 0)) return 0;
-    for (int p = 0; p < inv->layout->n_parts; p++) parts[p] = df_expert_part(inv, li, e, p)->data;
+    if (!parts_in_place(inv, li, e, parts)) return 0;
     df_expert_bind(inv, li, e, parts, w);
     return 1;
 }
 
 static void map_range(void *ctx, int begin, int end) {
-    const map_job *j = ctx;
+    const df_expert_inventory *inv = ctx;
     for (int i = begin; i < end; i++) {
         df_expert_w w;
-        if (!bind_in_place(j->inv, i / j->inv->n_experts, i % j->inv->n_experts, &w)) continue;
+        if (!bind_in_place(inv, i / inv->n_experts, i % inv->n_experts, &w)) continue;
         for (int k = 0; k < DF_EXPERT_MATS; k++) {
-            size_t a = j->at[(size_t)i * DF_EXPERT_MATS + (size_t)k];
-            if (a != SIZE_MAX) df_fp8_map_build(j->inv->maps + a, &w.mat[k]);
+            size_t a = inv->map_at[(size_t)i * DF_EXPERT_MATS + (size_t)k];
+            if (a != SIZE_MAX) df_fp8_map_build(inv->maps + a, &w.mat[k]);
         }
     }
 }
 
-void df_expert_fp8_maps(df_expert_inventory *inv, int n_threads) {
+void df_expert_fp8_maps(df_expert_inventory *inv, df_pool *pool) {
     if (inv->maps || !inv->layout || !inv->xt) return;
     int n = inv->n_layers * inv->n_experts;
     size_t nm = (size_t)n * DF_EXPERT_MATS, words = 0;
     size_t *at = df_xmalloc(sizeof(size_t) * (nm ? nm : 1));
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) { /* where each FP8 matrix's map goes */
         df_expert_w w;
         int here = bind_in_place(inv, i / inv->n_experts, i % inv->n_experts, &w);
         for (int k = 0; k < DF_EXPERT_MATS; k++) {
@@ -196,17 +197,13 @@ void df_expert_fp8_maps(df_expert_inventory *inv, int n_threads) {
             words += df_fp8_map_words(w.mat[k].cols) * (size_t)w.mat[k].rows;
         }
     }
-    if (words) {
-        inv->maps = df_xmalloc(sizeof(uint64_t) * words);
-        inv->xmap = df_xcalloc(nm, sizeof *inv->xmap);
-        for (size_t i = 0; i < nm; i++)
-            if (at[i] != SIZE_MAX) inv->xmap[i] = inv->maps + at[i];
-        map_job j = {inv, at};
-        df_pool *pool = df_pool_new(n_threads > 0 ? n_threads : 1);
-        df_pool_for(pool, n, 1, map_range, &j);
-        df_pool_free(pool);
+    if (!words) {
+        free(at);
+        return;
     }
-    free(at);
+    inv->map_at = at;
+    inv->maps = df_xmalloc(sizeof(uint64_t) * words);
+    df_pool_for(pool, n, 1, map_range, inv);
 }
 
 /* ---- the resident source ---------------------------------------------------------- */
@@ -232,18 +229,16 @@ static int res_begin(df_xsource *s, int layer, const int *experts, int n, df_err
 static int res_next(df_xsource *s, int cap, int *ids, df_expert_w *w, int *n_out, df_error *err) {
     (void)err;
     resident *r = (resident *)s;
-    const void *parts[DF_EXPERT_MAX_PARTS];
+    const df_expert_inventory *inv = r->inv;
     int n = 0;
     for (; n < cap && r->n_handed < r->n_want; n++) {
         int e = r->want[r->n_handed++];
-        for (int p = 0; p < r->inv->layout->n_parts; p++)
-            parts[p] = df_expert_part(r->inv, r->layer, e, p)->data;
         ids[n] = e;
-        df_expert_bind(r->inv, r->layer, e, parts, &w[n]);
-        if (r->inv->xmap)
-            for (int k = 0; k < DF_EXPERT_MATS; k++)
-                w[n].mat[k].f16map = r->inv->xmap[((size_t)r->layer * (size_t)r->inv->n_experts + (size_t)e) *
-                                                      DF_EXPERT_MATS + (size_t)k];
+        bind_in_place(inv, r->layer, e, &w[n]);
+        for (int k = 0; inv->maps && k < DF_EXPERT_MATS; k++) {
+            size_t a = inv->map_at[((size_t)r->layer * (size_t)inv->n_experts + (size_t)e) * DF_EXPERT_MATS + (size_t)k];
+            w[n].mat[k].f16map = a == SIZE_MAX ? NULL : inv->maps + a;
+        }
     }
     *n_out = n;
     return DF_OK;

@@ -54,9 +54,9 @@ typedef struct df_expert_inventory {
     const df_tensor **xs;
     uint64_t bytes;        /* all of them, as stored */
     /* Experts used in place (the resident source): each FP8 matrix's F16-form map
-     * (kernels.h), xmap[(layer * E + e) * DF_EXPERT_MATS + k], all in `maps`; NULL
-     * until df_expert_fp8_maps */
-    const uint64_t **xmap;
+     * (kernels.h) at maps + map_at[(layer * E + e) * DF_EXPERT_MATS + k] (SIZE_MAX: not
+     * FP8); both NULL until df_expert_fp8_maps */
+    size_t *map_at;
     uint64_t *maps;
 } df_expert_inventory;
 
@@ -140,10 +140,10 @@ struct df_xsource {
  * mapping), with their FP8 matrices' maps when df_expert_fp8_maps made them. */
 df_xsource *df_xsource_resident(const df_expert_inventory *inv);
 /* Makes the F16-form maps of every FP8 expert matrix from its bytes in place (a bit
- * per 64 codes, a row's in whole 64-bit words), once, on up to n_threads threads: for
+ * per 64 codes, a row's in whole 64-bit words), once, on the pool (NULL: this thread): for
  * the resident source, whose views then carry them (the one-token products read the
  * bit instead of testing the codes). Streamed experts have none: their products test
  * the codes, and their speed is the disk's. */
-void df_expert_fp8_maps(df_expert_inventory *inv, int n_threads);
+void df_expert_fp8_maps(df_expert_inventory *inv, df_pool *pool);
 
 #endif

@@ -232,7 +232,7 @@ static void map_range(void *ctx, int begin, int end) {
     for (int i = begin; i < end; i++) df_fp8_map_build((uint64_t *)j->v[i]->f16map, j->v[i]);
 }
 
-void df_model_fp8_maps(df_model *m, int n_threads) {
+void df_model_fp8_maps(df_model *m, df_pool *pool) {
     if (m->fp8_maps) return;
     size_t words = 0, o = 0;
     for (int i = 0; i < m->n_active; i++) {
@@ -250,9 +250,7 @@ void df_model_fp8_maps(df_model *m, int n_threads) {
         o += df_fp8_map_words(v->cols) * (size_t)v->rows;
         j.v[n++] = v;
     }
-    df_pool *pool = df_pool_new(n_threads > 0 ? n_threads : 1);
     df_pool_for(pool, n, 1, map_range, &j);
-    df_pool_free(pool);
     free(j.v);
 }
 

@@ -65,11 +65,11 @@ void df_model_free(df_model *m);
 int df_model_dense_to_ram(df_model *m, df_error *err);
 /* The in-RAM copy of tensor t, or NULL if it is used from the mapping. */
 const void *df_model_ram_copy(const df_model *m, const df_tensor *t);
-/* Makes the F16-form maps (kernels.h) of the always-active FP8 matrices, once, on up
- * to n_threads threads, and points their views at them: 1/512 of their bytes. Without
- * them the products test the codes on every call (the same results, 5-10 % slower in
- * L2 on Zen 4). */
-void df_model_fp8_maps(df_model *m, int n_threads);
+/* Makes the F16-form maps (kernels.h) of the always-active FP8 matrices, once, on the
+ * pool (NULL: this thread), and points their views at them: 1/512 of their bytes.
+ * Without them the products test the codes on every call (the same results, 5-10 %
+ * slower in L2 on Zen 4). */
+void df_model_fp8_maps(df_model *m, df_pool *pool);
 
 /* The model's fingerprint (fingerprint.c): XXH3-128 over dir's config.json,
  * every tensor's name, dtype and shape, and samples of the always-active
