@@ -470,7 +470,7 @@ static void test_products_grid(void **state) {
 }
 
 /* Larger shapes: every thread gets rows, several 128-row blocks, the token
- * blocks of the T > 1 kernels. */
+ * blocks of the T > 1 kernels and of the rows decoded once. */
 static void test_products_big(void **state) {
     (void)state;
     int nf;
@@ -480,6 +480,7 @@ static void test_products_big(void **state) {
         check_q(&q, 1, 0);
         check_q(&q, 9, 0);
         check_q(&q, 19, 0); /* C: 2 blocks of 8 and 3; AVX-512: 4 tiles of 4 and 3 */
+        check_q(&q, 70, 0); /* rows decoded once (matmul.c): 60-row groups, a 64-token block and 6 */
         free_q(&q);
     }
     qmat q = make_q(fs[0], 40, 20000, 0);
@@ -500,7 +501,8 @@ static void test_products_special(void **state) {
             float *out = df_xmalloc(sizeof(float) * ((size_t)N * K + 1));
             for (int isa = 0; isa < n_isas(); isa++) check_decode(&q, (df_isa)isa, out);
             check_q(&q, 1 + (int)(rnd() % 9), 1);
-            check_q(&q, 1, 1); /* T == 1 has its own tiles */
+            check_q(&q, 1, 1);  /* T == 1 has its own tiles */
+            check_q(&q, 13, 1); /* rows decoded once (matmul.c) */
             free(out);
             free_q(&q);
         }
@@ -524,6 +526,7 @@ static void test_products_fp8_forms(void **state) {
                     qmat q = make_q_fp8(f, Ns[ni], Ks[ki], special, real);
                     check_q(&q, 1, special);
                     check_q(&q, 5, special);
+                    check_q(&q, 13, special); /* rows decoded once on both SIMD paths */
                     free_q(&q);
                 }
     assert_int_equal(df_isa_set(df_isa_detect()), 0);

@@ -39,7 +39,8 @@ static uint64_t sessions_here(const df_engine *e, int ctx, int chunk, int n) {
  * paged in later (SLACK_FIXED), the caller's logits row, the sampler's
  * scratch and the server's token counts (per vocabulary entry: 4 + 48 + 4
  * bytes, sampler.c), its token copies (per position), all once per session
- * that runs at once (df_engine_opts.sessions), and the pack's
+ * that runs at once (df_engine_opts.sessions), the kernels' scratch for
+ * products over many tokens (DF_STAGE_BYTES per thread), and the pack's
  * records, the store's and the policy's tables (per routed expert of the
  * model; the store never has more slots than experts plus top-k). Measured:
  * docs/budget.md. */
@@ -103,7 +104,9 @@ static void plan_memory(df_engine *e, const df_engine_opts *o, bool experts_resi
             n_experts += c->layer_is_moe[li] ? (uint64_t)c->num_experts : 0;
     int n = o->sessions > 1 ? o->sessions : 1;
     uint64_t per_session = SLACK_PER_VOCAB * (uint64_t)c->vocab_size + SLACK_PER_POSITION * (uint64_t)ctx;
-    p->slack = df_add_sat(SLACK_FIXED, df_add_sat(df_mul_sat(per_session, (uint64_t)n), SLACK_PER_EXPERT * n_experts));
+    uint64_t stage = df_mul_sat(DF_STAGE_BYTES, (uint64_t)df_pool_size(e->pool)); /* kernels.h */
+    p->slack = df_add_sat(df_add_sat(SLACK_FIXED, stage),
+                          df_add_sat(df_mul_sat(per_session, (uint64_t)n), SLACK_PER_EXPERT * n_experts));
     p->reserve = o->reserve_bytes;
     p->context = ctx;
     p->sessions = n;

@@ -180,6 +180,10 @@ float df_e8m0_to_f32(uint8_t s);
 /* y[t*ldy + n] = sum_k w[n][k] * x[t*ldx + k], for t < T, n < w->rows, over
  * k < w->cols. Threads split the rows. */
 void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const df_wview *w, int T);
+/* Products of a scaled format over many tokens decode rows into DF_STAGE_BYTES
+ * of stack per thread (matmul.c) and multiply them as F32: the same results
+ * with fewer decodings. The memory budget counts it per thread. */
+#define DF_STAGE_BYTES ((size_t)256 << 10)
 /* Single-threaded form over output rows [n0, n1) (for callers that already
  * split work themselves). */
 void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0,

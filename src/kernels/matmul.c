@@ -16,6 +16,7 @@
 #include "kernels/scaled.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -223,6 +224,68 @@ static qrows_fn qrows_for(df_isa isa) {
     return df_qrows_c;
 }
 
+typedef void (*qdecode_fn)(float *, const df_wview *, int, int);
+
+static qdecode_fn qdecode_for(df_isa isa) {
+#if DF_HAVE_X86
+    if (isa == DF_ISA_AVX512) return df_qdecode_avx512;
+    if (isa == DF_ISA_AVX2) return df_qdecode_avx2;
+#else
+    (void)isa;
+#endif
+    return df_qdecode_c;
+}
+
+/* ---- scaled products of many tokens --------------------------------------
+ * The SIMD paths' tiles decode each chunk of a row for the 4 tokens of a tile
+ * (AVX2: 2), so at many tokens they decode each row many times. From a few
+ * tokens on (stage_from) the rows are decoded once instead, G at a time,
+ * into the exact weights fl(decode(q) * s) of the contract (F32) in a
+ * DF_STAGE_BYTES scratch that stays in L2, and the F32 products run over it
+ * for up to STAGE_TB tokens: the same weights in the same lanes, so the same
+ * results bit for bit. bench_kernels --formats, 2 threads, [2048 x 7168]
+ * (docs/benchmarks.md, "Decoded once"): AVX-512 FP8 1.43x at T = 64, 1.16x
+ * at 16, slower below 12; its 4-bit tiles, which decode 16 values with a
+ * shift and a vpermps, gain nothing (0.9-1.07x). AVX2: FP8 1.31x at 64, 4-bit
+ * 1.77x at 64 and 1.27x at 8, slower below 6 and 8. */
+#define STAGE_TB 64
+#define STAGE_ROWS(K) ((int)(DF_STAGE_BYTES / 4 / (size_t)(K)) / 6 * 6) /* whole F32 tiles (6 rows; AVX2 3) */
+
+/* The fewest tokens from which a path decodes rows once; 0: never. */
+static int stage_from(df_isa isa, df_elem el) {
+    if (isa == DF_ISA_AVX512) return el == DF_EL_F8_E4M3 ? 12 : 0;
+    if (isa == DF_ISA_AVX2) return el == DF_EL_F8_E4M3 ? 8 : 6;
+    return 0; /* the C path is the definition: it stays direct */
+}
+
+static bool staged(const df_wview *w, int T, df_isa isa) {
+    int from = stage_from(isa, w->fmt.elem);
+    return from && T >= from && w->cols > 0 && STAGE_ROWS(w->cols) >= 6;
+}
+
+static void qrows_staged(df_isa isa, float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0,
+                         int n1) {
+    _Alignas(64) float buf[DF_STAGE_BYTES / 4];
+    const int K = w->cols, G = STAGE_ROWS(K);
+    qdecode_fn dec = qdecode_for(isa);
+    rows_fn rows = rows_for(isa);
+    for (int t0 = 0; t0 < T; t0 += STAGE_TB) {
+        int nt = T - t0 < STAGE_TB ? T - t0 : STAGE_TB;
+        for (int n = n0; n < n1; n += G) {
+            int g = n1 - n < G ? n1 - n : G;
+            dec(buf, w, n, g);
+            rows(y + (size_t)t0 * ldy + n, ldy, x + (size_t)t0 * ldx, ldx, buf, DF_DT_F32, nt, 0, g, K);
+        }
+    }
+}
+
+/* The scaled formats' products of rows [n0, n1) on one path. */
+static void qrows_on(df_isa isa, float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0,
+                     int n1) {
+    if (staged(w, T, isa)) qrows_staged(isa, y, ldy, x, ldx, w, T, n0, n1);
+    else qrows_for(isa)(y, ldy, x, ldx, w, T, n0, n1);
+}
+
 /* The stored dtype a dense format's values are read as; DF_DT_COUNT for a
  * scaled format. */
 static df_dtype dense_dtype(const df_wview *w) {
@@ -243,13 +306,14 @@ void df_matmul_rows(float *y, int ldy, const float *x, int ldx, const df_wview *
                     int n1) {
     df_dtype wt = dense_dtype(w);
     if (T <= 0 || n1 <= n0 || w->cols < 0) return;
-    if (wt == DF_DT_COUNT) qrows_for(df_isa_get())(y, ldy, x, ldx, w, T, n0, n1);
+    if (wt == DF_DT_COUNT) qrows_on(df_isa_get(), y, ldy, x, ldx, w, T, n0, n1);
     else rows_for(df_isa_get())(y, ldy, x, ldx, w->data, wt, T, n0, n1, w->cols);
 }
 
 struct mm_ctx {
+    df_isa isa;
     rows_fn rows;
-    qrows_fn qrows;
+    bool scaled;
     float *y;
     const float *x;
     const df_wview *v;
@@ -259,7 +323,7 @@ struct mm_ctx {
 
 static void mm_task(void *arg, int n0, int n1) {
     const struct mm_ctx *c = arg;
-    if (c->qrows) c->qrows(c->y, c->ldy, c->x, c->ldx, c->v, c->T, n0, n1);
+    if (c->scaled) qrows_on(c->isa, c->y, c->ldy, c->x, c->ldx, c->v, c->T, n0, n1);
     else c->rows(c->y, c->ldy, c->x, c->ldx, c->v->data, c->wt, c->T, n0, n1, c->v->cols);
 }
 
@@ -268,7 +332,7 @@ void df_matmul(df_pool *pool, float *y, int ldy, const float *x, int ldx, const 
     if (T <= 0 || w->rows <= 0 || w->cols < 0) return;
     /* One path for the whole call, even if df_isa_set races with it. */
     df_isa isa = df_isa_get();
-    struct mm_ctx c = {rows_for(isa), wt == DF_DT_COUNT ? qrows_for(isa) : NULL, y, x, w, wt, ldy, ldx, T};
+    struct mm_ctx c = {isa, rows_for(isa), wt == DF_DT_COUNT, y, x, w, wt, ldy, ldx, T};
     /* 16 rows: whole register tiles, and 64 bytes of each output row, so two
      * threads never write the same cache line of y (when y is 64-aligned). */
     df_pool_for(pool, w->rows, 16, mm_task, &c);

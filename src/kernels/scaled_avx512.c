@@ -625,6 +625,15 @@ INL void qdecode(float *dst, const df_wview *v, int r0, int n, int el) {
             int ke = K - kb < bc ? K : kb + bc, k = kb;
             __m512 st;
             int two = block_state(&st, &srow, v->fmt.scale, j, el, 1);
+            /* FP8 in the F32 form where 64 codes allow it (the products of
+             * many tokens decode their rows here, matmul.c) */
+            for (; el == FP8 && k + 64 <= ke; k += 64) {
+                int f16 = f16_codes64(row + k);
+                #pragma GCC unroll 4
+                for (int c = 0; c < 64; c += 16)
+                    _mm512_storeu_ps(d + k + c, __builtin_expect(!f16, 1) ? dec16n(row, k + c, st, two)
+                                                                          : dec16(el, row, k + c, st, two, 0, 16));
+            }
             for (; k + 16 <= ke; k += 16) _mm512_storeu_ps(d + k, dec16(el, row, k, st, two, 0, 16));
             if (k < ke)
                 _mm512_mask_storeu_ps(d + k, (__mmask16)((1u << (ke - k)) - 1),
