@@ -37,6 +37,17 @@ static double g_cpt; /* core cycles per TSC tick */
 #define I4_NOBC(R, O)                                                                                        \
     "vpsrlvq %%zmm1,%%zmm25,%%zmm" #R "\n vpermps %%zmm24,%%zmm" #R ",%%zmm" #R                              \
     "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n"
+/* the 4-bit step another way (session 16): 16 bytes zero-extended to dwords put the low nibbles of
+ * 32 values in index lanes, an immediate shift the high ones; two chunk-rows, so LOOP2 */
+#define I4ZX(R, S, O)                                                                                        \
+    "vpmovzxbd " #O "(%0),%%zmm" #R "\n vpsrld $4,%%zmm" #R ",%%zmm" #S                                      \
+    "\n vpermps %%zmm24,%%zmm" #R ",%%zmm" #R "\n vpermps %%zmm24,%%zmm" #S ",%%zmm" #S                     \
+    "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n vfmadd231ps %%zmm0,%%zmm" #S ",%%zmm1" #S "\n"
+#define SRLD_PERM(R, O) "vpsrld $4,%%zmm25,%%zmm" #R "\n vpermps %%zmm24,%%zmm" #R ",%%zmm" #R "\n"
+#define SRLD_FMA(R, O) "vpsrld $4,%%zmm25,%%zmm" #R "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n"
+#define ZX_PERM(R, O) "vpmovzxbd " #O "(%0),%%zmm" #R "\n vpermps %%zmm24,%%zmm" #R ",%%zmm" #R "\n"
+#define LOOP2(M)                                                                                             \
+    "vmovups (%0),%%zmm0\n vpermps %%zmm0,%%zmm23,%%zmm0\n" M(2, 3, 0) M(4, 5, 16) M(6, 7, 32) M(8, 9, 48) "9:\n"
 #define PERM_FMA(R, O) "vpermps %%zmm24,%%zmm25,%%zmm" #R "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n"
 #define SHIFT_FMA(R, O) "vpsrlvq %%zmm24,%%zmm25,%%zmm" #R "\n vfmadd231ps %%zmm0,%%zmm" #R ",%%zmm1" #R "\n"
 #define SHIFT_PERM(R, O) "vpsrlvq %%zmm24,%%zmm25,%%zmm" #R "\n vpermps %%zmm24,%%zmm" #R ",%%zmm" #R "\n"
@@ -120,6 +131,12 @@ KERNEL(m_perm_fma, LOOP(PERM_FMA))
 KERNEL(m_shift_fma, LOOP(SHIFT_FMA))
 KERNEL(m_shift_perm, LOOP(SHIFT_PERM))
 KERNEL(m_fma, LOOP(FMA))
+KERNEL(m_i4zx, LOOP2(I4ZX))
+KERNEL(m_srld_perm, LOOP(SRLD_PERM))
+KERNEL(m_srld_fma, LOOP(SRLD_FMA))
+KERNEL(m_zx_perm, LOOP(ZX_PERM))
+KERNEL(k_srld, ONE("vpsrld $4,%%zmm0,%%zmm"))
+KERNEL(k_zx, ONE("vpmovzxbd 16(%0),%%zmm"))
 KERNEL(m_f8, LOOP(F8))
 KERNEL(m_f8_nomul, LOOP(F8_NOMUL))
 KERNEL(m_f8_pow2, LOOP(F8_POW2))
@@ -143,12 +160,14 @@ int main(void) {
         {"vfmadd231ps", k_fma}, {"vpermps", k_perm}, {"vpsrlvq", k_srlv}, {"vpbroadcastq m64", k_bcast},
         {"vpmovsxbd m128", k_movsx}, {"vpternlogd", k_tern}, {"vcvtph2ps", k_cvtph},
         {"vpmultishiftqb m64{1to8}", k_mshift}, {"vpermt2b", k_vpermt2b}, {"vpermb", k_vpermb},
-        {"vgf2p8affineqb", k_gf2p8}};
+        {"vgf2p8affineqb", k_gf2p8}, {"vpsrld imm", k_srld}, {"vpmovzxbd m128", k_zx}};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) printf("%-28s %.3f\n", ops[i].name, best_of(ops[i].f, 8));
     printf("\n# inner-loop mixes, cycles per chunk-row (8 rows, activations loaded and permuted once)\n");
     struct { const char *name; void (*f)(long); } mix[] = {
         {"4-bit: bcast srlv perm fma", m_i4}, {"4-bit without the bcast", m_i4_nobc},
         {"4-bit: mshift{1to8} perm fma", m_i4_mshift},
+        {"4-bit: zext srld 2perm 2fma", m_i4zx}, {"srld perm", m_srld_perm}, {"srld fma", m_srld_fma},
+        {"zext perm", m_zx_perm},
         {"perm fma", m_perm_fma}, {"srlv fma", m_shift_fma}, {"srlv perm", m_shift_perm}, {"fma", m_fma},
         {"FP8 F32 form (5 ops)", m_f8}, {"FP8 F32 form without the mul", m_f8_nomul},
         {"FP8 F32 form, power-of-two scale: vpaddd", m_f8_pow2},

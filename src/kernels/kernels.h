@@ -74,7 +74,9 @@ void df_pool_set_slots(df_pool *p, int per_thread);
  *      subnormal reaches a multiply; a 16-entry table already multiplied by
  *      the group's scale for the 4-bit formats: a table entry is the same
  *      fl(decode(q) * scale));
- *      nothing is widened into a copy of the matrix. Where an FP8 block's scale
+ *      nothing is widened into a copy of the matrix (over many tokens a few
+ *      rows at a time are decoded into a stack scratch that stays in L2 and
+ *      multiplied as F32: DF_STAGE_BYTES below). Where an FP8 block's scale
  *      is a power of two and x * scale is exact, the AVX-512 one-token products
  *      form the same real product w * x as decode(q) * (x * scale) (one multiply
  *      of x for several rows), which the FMA rounds the same way. A path may keep the 16
