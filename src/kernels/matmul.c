@@ -244,10 +244,10 @@ static qdecode_fn qdecode_for(df_isa isa) {
  * DF_STAGE_BYTES scratch that stays in L2, and the F32 products run over it
  * for up to STAGE_TB tokens: the same weights in the same lanes, so the same
  * results bit for bit. bench_kernels --formats, 2 threads, [2048 x 7168]
- * (docs/benchmarks.md, "Decoded once"): AVX-512 FP8 1.43x at T = 64, 1.16x
+ * (docs/benchmarks.md, "Decoded once"): AVX-512 FP8 1.45x at T = 64, 1.14x
  * at 16, slower below 12; its 4-bit tiles, which decode 16 values with a
- * shift and a vpermps, gain nothing (0.9-1.07x). AVX2: FP8 1.31x at 64, 4-bit
- * 1.77x at 64 and 1.27x at 8, slower below 6 and 8. */
+ * shift and a vpermps, gain nothing (0.9-1.07x). AVX2: FP8 1.29x at 64, 4-bit
+ * 1.77x at 64 and 1.33x at 8; slower below 8 (FP8) and 6 (4-bit). */
 #define STAGE_TB 64
 #define STAGE_ROWS(K) ((int)(DF_STAGE_BYTES / 4 / (size_t)(K)) / 6 * 6) /* whole F32 tiles (6 rows; AVX2 3) */
 
