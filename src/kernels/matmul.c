@@ -224,18 +224,6 @@ static qrows_fn qrows_for(df_isa isa) {
     return df_qrows_c;
 }
 
-typedef void (*qdecode_fn)(float *, const df_wview *, int, int);
-
-static qdecode_fn qdecode_for(df_isa isa) {
-#if DF_HAVE_X86
-    if (isa == DF_ISA_AVX512) return df_qdecode_avx512;
-    if (isa == DF_ISA_AVX2) return df_qdecode_avx2;
-#else
-    (void)isa;
-#endif
-    return df_qdecode_c;
-}
-
 /* ---- scaled products of many tokens --------------------------------------
  * The SIMD paths' tiles decode each chunk of a row for the 4 tokens of a tile
  * (AVX2: 2), so at many tokens they decode each row many times. From a few
@@ -267,13 +255,12 @@ static void qrows_staged(df_isa isa, float *y, int ldy, const float *x, int ldx,
                          int n1) {
     _Alignas(64) float buf[DF_STAGE_BYTES / 4];
     const int K = w->cols, G = STAGE_ROWS(K);
-    qdecode_fn dec = qdecode_for(isa);
     rows_fn rows = rows_for(isa);
     for (int t0 = 0; t0 < T; t0 += STAGE_TB) {
         int nt = T - t0 < STAGE_TB ? T - t0 : STAGE_TB;
         for (int n = n0; n < n1; n += G) {
             int g = n1 - n < G ? n1 - n : G;
-            dec(buf, w, n, g);
+            df_qdecode_on(isa, buf, w, n, g);
             rows(y + (size_t)t0 * ldy + n, ldy, x + (size_t)t0 * ldx, ldx, buf, DF_DT_F32, nt, 0, g, K);
         }
     }

@@ -88,6 +88,10 @@ void df_qdecode16_c(float w[16], const df_wview *v, const uint8_t *row, const ui
  * df_matmul_rows), and the exact decoding of rows [r0, r0 + n). */
 void df_qrows_c(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1);
 void df_qdecode_c(float *dst, const df_wview *w, int r0, int n);
+/* The exact decoding of rows [r0, r0 + n) of a scaled view on the given path (wfmt.c):
+ * df_wview_decode_rows on the selected one, and the products of many tokens (matmul.c)
+ * on the one their call took. */
+void df_qdecode_on(df_isa isa, float *dst, const df_wview *w, int r0, int n);
 #if defined(__x86_64__) || defined(__i386__)
 void df_qrows_avx2(float *y, int ldy, const float *x, int ldx, const df_wview *w, int T, int n0, int n1);
 void df_qdecode_avx2(float *dst, const df_wview *w, int r0, int n);

@@ -226,12 +226,18 @@ void df_wview_decode_rows(float *dst, const df_wview *v, int r0, int n) {
         fprintf(stderr, "deltafin: decode of weight format %s\n", df_wfmt_name(v->fmt));
         abort();
     }
+    df_qdecode_on(df_isa_get(), dst, v, r0, n);
+}
+
+void df_qdecode_on(df_isa isa, float *dst, const df_wview *v, int r0, int n) {
 #if defined(__x86_64__) || defined(__i386__)
-    switch (df_isa_get()) {
+    switch (isa) {
     case DF_ISA_AVX512: df_qdecode_avx512(dst, v, r0, n); return;
     case DF_ISA_AVX2: df_qdecode_avx2(dst, v, r0, n); return;
     default: break;
     }
+#else
+    (void)isa;
 #endif
     df_qdecode_c(dst, v, r0, n);
 }

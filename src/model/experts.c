@@ -169,15 +169,20 @@ static int bind_in_place(const df_expert_inventory *inv, int li, int e, df_exper
     return 1;
 }
 
+/* Points expert (li, e)'s views at their maps (NULL where a matrix is not FP8). */
+static void attach_maps(const df_expert_inventory *inv, int li, int e, df_expert_w *w) {
+    const size_t *at = inv->map_at + ((size_t)li * (size_t)inv->n_experts + (size_t)e) * DF_EXPERT_MATS;
+    for (int k = 0; k < DF_EXPERT_MATS; k++) w->mat[k].f16map = at[k] == SIZE_MAX ? NULL : inv->maps + at[k];
+}
+
 static void map_range(void *ctx, int begin, int end) {
     const df_expert_inventory *inv = ctx;
     for (int i = begin; i < end; i++) {
         df_expert_w w;
         if (!bind_in_place(inv, i / inv->n_experts, i % inv->n_experts, &w)) continue;
-        for (int k = 0; k < DF_EXPERT_MATS; k++) {
-            size_t a = inv->map_at[(size_t)i * DF_EXPERT_MATS + (size_t)k];
-            if (a != SIZE_MAX) df_fp8_map_build(inv->maps + a, &w.mat[k]);
-        }
+        attach_maps(inv, i / inv->n_experts, i % inv->n_experts, &w);
+        for (int k = 0; k < DF_EXPERT_MATS; k++)
+            if (w.mat[k].f16map) df_fp8_map_build((uint64_t *)w.mat[k].f16map, &w.mat[k]); /* inv->maps */
     }
 }
 
@@ -235,10 +240,7 @@ static int res_next(df_xsource *s, int cap, int *ids, df_expert_w *w, int *n_out
         int e = r->want[r->n_handed++];
         ids[n] = e;
         bind_in_place(inv, r->layer, e, &w[n]);
-        for (int k = 0; inv->maps && k < DF_EXPERT_MATS; k++) {
-            size_t a = inv->map_at[((size_t)r->layer * (size_t)inv->n_experts + (size_t)e) * DF_EXPERT_MATS + (size_t)k];
-            w[n].mat[k].f16map = a == SIZE_MAX ? NULL : inv->maps + a;
-        }
+        if (inv->maps) attach_maps(inv, r->layer, e, &w[n]);
     }
     *n_out = n;
     return DF_OK;
